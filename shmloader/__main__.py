@@ -1,0 +1,92 @@
+"""``python -m shmloader``: the ``config``, ``doctor`` and ``bench`` commands.
+
+Owns: the command line (argument parsing, output, exit codes). Runs in its own process. Promises:
+``config`` prints each option's effective value, its source (argument, environment, default) and
+its variable, or JSON with ``--json``; ``doctor`` prints findings with remedies and exits 1 when
+one is a problem (see :mod:`shmloader.doctor`); ``bench`` hands the rest of the command line to
+``shmloader.bench.main``. A bad ``SHMLOADER_*`` value exits 2 with the error's message. torch is
+imported only by ``doctor`` (to report it) and by whatever ``bench`` needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import doctor
+from .config import describe, resolve_config
+from .errors import ConfigError
+
+__all__ = ["main"]
+
+_PROG = "python -m shmloader"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=_PROG, description="shmloader: configuration, checks, benchmarks.")
+    commands = parser.add_subparsers(dest="command", metavar="{config,doctor,bench}")
+    config = commands.add_parser("config", help="print each option's effective value, source and variable")
+    config.add_argument("--json", action="store_true", help="print JSON: option -> value, source, variable")
+    doctor.add_arguments(commands.add_parser(
+        "doctor", help="check the machine against what a loader needs (exit 1 on a problem)"))
+    commands.add_parser("bench", help="run benchmarks (options: python -m shmloader bench --help)", add_help=False)
+    return parser
+
+
+def _jsonable(value: Any) -> Any:
+    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
+
+
+def _print_config(as_json: bool) -> int:
+    rows = describe(resolve_config({}))
+    if as_json:
+        body = {r.name: {"value": _jsonable(r.value), "source": r.source, "variable": r.variable, "note": r.note}
+                for r in rows}
+        print(json.dumps(body, indent=2))
+        return 0
+    table = [("option", "value", "source", "variable")] + [(r.name, repr(r.value), r.source, r.variable) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(3)]
+    for line in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[3])
+    for row in rows:
+        if row.note:
+            print(f"note: {row.note}")
+    return 0
+
+
+def _bench(argv: Sequence[str]) -> int:
+    try:
+        bench = importlib.import_module("shmloader.bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "shmloader.bench":
+            raise
+        print(f"{_PROG} bench: shmloader.bench is not available in this installation", file=sys.stderr)
+        return 2
+    return int(bench.main(list(argv)) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (0 ok, 1 doctor found a problem, 2 usage or config error)."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["bench"]:
+        return _bench(args_in[1:])
+    parser = _parser()
+    args = parser.parse_args(args_in)
+    try:
+        if args.command == "config":
+            return _print_config(args.json)
+        if args.command == "doctor":
+            return doctor.run(args)
+    except ConfigError as exc:
+        print(f"{_PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The descriptor codec: a batch's structure pickled, its arrays replaced by slot records.
+
+This is how ``torch.save`` writes a checkpoint: a pickler whose ``persistent_id`` turns every
+array into a small record, and an unpickler whose ``persistent_load`` turns each record back into
+memory. Here the memory is the task's slot:
+
+- worker (``encode``): an ndarray or CPU torch tensor that already lives in the slot (collate wrote
+  it there through the allocator) becomes ``("a", offset, dtype, shape, strides)`` or
+  ``("t", offset, nbytes, dtype_name, shape)``; one that lives elsewhere (a user's collate_fn made
+  it) is first copied into the slot, once. Strings, numbers and small objects travel inline.
+- main (``decode``): each record is validated against the slot's bounds, then becomes a numpy view
+  of the lease buffer (a torch tensor through ``torch.from_numpy`` for ``"t"``), so every view
+  keeps the lease alive. Nothing is copied.
+
+Object arrays, tensor subclasses, non-CPU and sparse tensors are pickled inline (by value).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import sys
+from typing import Any
+
+import numpy as np
+
+from .alloc import SlotAllocator, align_up
+from .errors import DescriptorError
+
+PROTOCOL = 5
+
+
+def _torch_tensor_type() -> type | None:
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.Tensor
+
+
+def _is_plain_cpu_tensor(obj: Any, tensor_type: type) -> bool:
+    return (
+        type(obj) is tensor_type
+        and obj.device.type == "cpu"
+        and obj.layout is sys.modules["torch"].strided
+        and not obj.requires_grad
+    )
+
+
+class _Encoder(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, alloc: SlotAllocator) -> None:
+        super().__init__(file, protocol=PROTOCOL)
+        self.alloc = alloc
+        self.tensor_type = _torch_tensor_type()
+        self.nbytes = 0
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray:
+            return None if obj.dtype.hasobject else self._array(obj)
+        if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
+            return self._tensor(obj)
+        return None
+
+    def _array(self, arr: np.ndarray) -> tuple:
+        self.nbytes += arr.nbytes
+        address = arr.__array_interface__["data"][0]
+        lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
+        offset = self.alloc.offset_of(address + lo, hi - lo) if arr.size else None
+        if offset is None:
+            dst = self.alloc(arr.shape, arr.dtype)
+            np.copyto(dst, arr, casting="no")
+            offset = dst.__array_interface__["data"][0] - self.alloc.base_address
+            return ("a", offset, dst.dtype, dst.shape, dst.strides)
+        return ("a", offset - lo, arr.dtype, arr.shape, arr.strides)
+
+    def _tensor(self, t: Any) -> tuple:
+        nbytes = t.numel() * t.element_size()
+        self.nbytes += nbytes
+        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if t.is_contiguous() and nbytes else None
+        if offset is None:
+            u8 = self.alloc((nbytes,), np.uint8)
+            if nbytes:
+                _torch_view(u8, t.dtype, tuple(t.shape)).copy_(t)
+            offset = u8.__array_interface__["data"][0] - self.alloc.base_address
+        return ("t", offset, nbytes, str(t.dtype), tuple(t.shape))
+
+
+def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes, int]:
+    """Pickle ``batch`` with its arrays placed in the slot; returns (descriptor, array bytes).
+
+    May raise ``SlotFull`` when arrays must be copied into a slot too small for them.
+    """
+    buf = io.BytesIO()
+    enc = _Encoder(buf, alloc)
+    enc.dump(batch)
+    return buf.getvalue(), enc.nbytes
+
+
+class _Measurer(pickle.Pickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=PROTOCOL)
+        self.tensor_type = _torch_tensor_type()
+        self.total = 0
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray and not obj.dtype.hasobject:
+            self.total = align_up(self.total) + obj.nbytes
+            return 0
+        if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
+            self.total = align_up(self.total) + obj.numel() * obj.element_size()
+            return 0
+        return None
+
+
+def measure(batch: Any) -> int:
+    """The slot bytes ``encode`` needs to copy every array of ``batch`` into an empty slot."""
+    m = _Measurer(io.BytesIO())
+    m.dump(batch)
+    return m.total
+
+
+class _Decoder(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, buf: Any, size_bytes: int) -> None:
+        super().__init__(file)
+        self.buf = buf
+        self.size_bytes = size_bytes
+        self.views = 0
+
+    def persistent_load(self, record: Any) -> Any:
+        kind = record[0] if isinstance(record, tuple) and record else None
+        if kind == "a":
+            _, offset, dtype, shape, strides = record
+            self._check(offset, *_extent(shape, strides, np.dtype(dtype).itemsize))
+            self.views += 1
+            return np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=offset, strides=strides)
+        if kind == "t":
+            _, offset, nbytes, dtype_name, shape = record
+            self._check(offset, 0, nbytes)
+            self.views += 1
+            u8 = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
+            return _torch_view(u8, _torch_dtype(dtype_name), tuple(shape))
+        raise DescriptorError(f"unknown record in descriptor: {record!r}")
+
+    def _check(self, offset: int, lo: int, hi: int) -> None:
+        if offset + lo < 0 or offset + hi > self.size_bytes:
+            raise DescriptorError(
+                f"descriptor region [{offset + lo}, {offset + hi}) lies outside the slot of "
+                f"{self.size_bytes} bytes; no view was made"
+            )
+
+
+def decode(payload: bytes, buf: Any, size_bytes: int) -> tuple[Any, int]:
+    """Rebuild a batch as views of ``buf`` (a lease buffer); returns (batch, number of views)."""
+    dec = _Decoder(io.BytesIO(payload), buf, size_bytes)
+    return dec.load(), dec.views
+
+
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """Byte range [lo, hi) relative to the first element that an array of this layout touches."""
+    if math.prod(shape) == 0:
+        return 0, 0
+    lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + itemsize
+    return lo, hi
+
+
+def _torch_dtype(name: str) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch  # noqa: F811  (a worker sent a tensor, so torch is installed)
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise DescriptorError(f"unknown torch dtype in descriptor: {name!r}")
+    return dtype
+
+
+def _torch_view(u8: np.ndarray, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A tensor of ``dtype``/``shape`` over the bytes of ``u8`` (no copy)."""
+    import torch
+
+    if u8.size == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(u8).view(dtype).view(shape)

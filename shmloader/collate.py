@@ -1,0 +1,295 @@
+"""Collation: a list of samples becomes one batch, every output array written through an allocator.
+
+Owns the collate entry points (:func:`collate`, :func:`default_collate`,
+:func:`torch_default_collate`, :func:`default_convert`), the rule registry and the way a sample
+type finds its rule. Runs in worker processes (collating straight into a shared-memory slot) and
+in the main process when ``num_workers=0``.
+
+Promises:
+
+- every output array is asked of ``alloc(shape, dtype)`` and written once; an allocator's
+  :class:`SlotFull` propagates untouched, so the engine can grow the slot and retry;
+- numpy mode (``to_torch=False``, :class:`shmloader.DataLoader`'s default): numpy in, numpy out;
+  torch tensors in, torch tensors out;
+- torch mode (``to_torch=True``, ``shmloader.torch.DataLoader``): the result equals
+  ``torch.utils.data.default_collate``'s — values, dtypes, shapes and container types;
+- a sample type finds its rule by exact type, then along its MRO, then by ``issubclass`` (ABCs,
+  tuples of types): first in the ``rules`` passed in, then in the registry
+  (:func:`register_collate_rule`), then in the built-in rules, which follow torch's order;
+- errors name the field (``batch['image'][0]``) and keep torch's type and wording;
+- importing this module does not import torch.
+
+Sample-type semantics are in :mod:`shmloader.collate_rules` (numpy mode and containers) and
+:mod:`shmloader.collate_torch` (tensors and torch mode).
+"""
+
+from __future__ import annotations
+
+import collections.abc as abc
+import copy
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from shmloader import collate_rules as _rules
+from shmloader import collate_torch as _torch_rules
+from shmloader.collate_rules import CollateShapeError
+
+__all__ = [
+    "Alloc",
+    "CollateContext",
+    "CollateRule",
+    "CollateShapeError",
+    "SlotFull",
+    "collate",
+    "default_collate",
+    "default_convert",
+    "heap_alloc",
+    "register_collate_rule",
+    "registered_collate_rules",
+    "torch_default_collate",
+    "unregister_collate_rule",
+]
+
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""``alloc(shape, dtype)`` returns a writable, C-contiguous, uninitialised array; may raise SlotFull."""
+
+
+class SlotFull(Exception):
+    """Raised by an allocator when the batch does not fit the memory it may hand out.
+
+    Defined here so collation stays engine-agnostic; collate never catches it. Attribute
+    ``needed_bytes``: the size of the refused request, when the allocator knows it.
+    """
+
+    def __init__(self, *args: object, needed_bytes: int | None = None) -> None:
+        super().__init__(*args)
+        self.needed_bytes = needed_bytes
+
+
+def heap_alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The default allocator: ordinary process memory (``np.empty``)."""
+    return np.empty(shape, dtype)
+
+
+class CollateRule(Protocol):
+    """How one sample type becomes a batch: ``rule(batch, ctx) -> collated``.
+
+    ``batch`` holds the samples of one field (one per batch entry; the first is of the rule's
+    type). Write output arrays through ``ctx.alloc``; collate nested fields with
+    ``ctx.collate(sub_batch, where)`` so their rules apply and errors name the field.
+    """
+
+    def __call__(self, batch: Sequence[Any], ctx: CollateContext) -> Any: ...
+
+
+class CollateContext:
+    """What a rule may use: ``alloc``, ``to_torch``, ``rules``, ``path`` and :meth:`collate`."""
+
+    __slots__ = ("alloc", "to_torch", "rules", "_segments")
+
+    def __init__(self, alloc: Alloc, to_torch: bool, rules: Mapping[Any, CollateRule] | None):
+        self.alloc = alloc
+        self.to_torch = to_torch
+        self.rules = rules
+        self._segments: list[str] = []
+
+    @property
+    def path(self) -> str:
+        """The field being collated, as an expression on the batch: ``batch['image'][0]``."""
+        return "batch" + "".join(self._segments)
+
+    def collate(self, batch: Sequence[Any], where: str = "") -> Any:
+        """Collate a nested field; ``where`` extends the path (``"['image']"``, ``"[0]"``, ``".x"``)."""
+        if not where:
+            return find_rule(type(batch[0]), self.rules, self.to_torch)(batch, self)
+        self._segments.append(where)
+        try:
+            return find_rule(type(batch[0]), self.rules, self.to_torch)(batch, self)
+        finally:
+            self._segments.pop()
+
+
+# ------------------------------------------------------------------------ rules and lookup
+
+_registry: dict[Any, CollateRule] = {}
+_resolved: tuple[dict[type, CollateRule], dict[type, CollateRule]] = ({}, {})
+
+
+def register_collate_rule(type_: type | tuple[type, ...], fn: CollateRule) -> CollateRule:
+    """Make ``fn`` collate samples of ``type_`` (and subclasses) in every later collate call.
+
+    Registered rules take precedence over the built-in ones; ``rules`` passed to :func:`collate`
+    take precedence over both. Returns ``fn``.
+    """
+    if not callable(fn):
+        raise TypeError(f"a collate rule must be callable as fn(batch, ctx), got {fn!r}")
+    _registry[type_] = fn
+    _clear_resolved()
+    return fn
+
+
+def unregister_collate_rule(type_: type | tuple[type, ...]) -> None:
+    """Remove a rule added by :func:`register_collate_rule` (KeyError if there is none)."""
+    del _registry[type_]
+    _clear_resolved()
+
+
+def registered_collate_rules() -> dict[Any, CollateRule]:
+    """A copy of the registry: type -> rule."""
+    return dict(_registry)
+
+
+def _clear_resolved() -> None:
+    for cache in _resolved:
+        cache.clear()
+
+
+def find_rule(tp: type, rules: Mapping[Any, CollateRule] | None, to_torch: bool) -> CollateRule:
+    """The rule for sample type ``tp``: the ``rules`` given, then the registry, then built-ins."""
+    if rules:
+        rule = _lookup(rules, tp)
+        if rule is not None:
+            return rule
+    cache = _resolved[to_torch]
+    try:
+        return cache[tp]
+    except KeyError:
+        pass
+    rule = _lookup(_registry, tp) if _registry else None
+    if rule is None:
+        rule = builtin_rule_for(tp, to_torch)
+    cache[tp] = rule
+    return rule
+
+
+def _lookup(rules: Mapping[Any, CollateRule], tp: type) -> CollateRule | None:
+    """Exact type, then the nearest class along the MRO, then the first key ``tp`` subclasses."""
+    for cls in tp.__mro__:
+        rule = rules.get(cls)
+        if rule is not None:
+            return rule
+    for key, rule in rules.items():
+        if isinstance(key, (type, tuple)) and issubclass(tp, key):
+            return rule
+    return None
+
+
+def builtin_rule_for(tp: type, to_torch: bool) -> CollateRule:
+    """The built-in rule for a sample type, checked in the order torch's default_collate uses."""
+    rules, torch_rules = _rules, _torch_rules
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(tp, torch.Tensor):
+        return torch_rules.collate_tensors
+    if issubclass(tp, np.ndarray):
+        return torch_rules.collate_arrays if to_torch else rules.collate_arrays
+    if issubclass(tp, (np.bool_, np.number, np.object_)):
+        return torch_rules.collate_numpy_scalars if to_torch else rules.collate_numpy_scalars
+    if issubclass(tp, float):
+        return torch_rules.collate_floats if to_torch else rules.collate_floats
+    if issubclass(tp, int):
+        return torch_rules.collate_ints if to_torch else rules.collate_ints
+    if issubclass(tp, (str, bytes)):
+        return rules.keep_batch
+    if issubclass(tp, np.generic):  # datetime64, timedelta64, void: numpy-native only
+        return rules.reject if to_torch else rules.collate_numpy_scalars
+    if issubclass(tp, complex):  # not a number to torch's default_collate
+        return rules.reject if to_torch else rules.collate_complex
+    if issubclass(tp, abc.Mapping):
+        return rules.collate_mappings
+    if issubclass(tp, tuple) and hasattr(tp, "_fields"):
+        return rules.collate_namedtuples
+    if issubclass(tp, abc.Sequence):
+        return rules.collate_sequences
+    return rules.reject
+
+
+# ------------------------------------------------------------------------------ entry points
+
+
+def collate(
+    batch: Sequence[Any],
+    alloc: Alloc = heap_alloc,
+    *,
+    to_torch: bool = False,
+    rules: Mapping[Any, CollateRule] | None = None,
+) -> Any:
+    """Collate a list of samples into one batch, asking ``alloc`` for every output array."""
+    if to_torch:
+        import torch  # noqa: F401, PLC0415  (torch mode needs it; lazy for import shmloader)
+    ctx = CollateContext(alloc, to_torch, rules)
+    return find_rule(type(batch[0]), rules, to_torch)(batch, ctx)
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """numpy-native default collation (``collate(batch)``), with torch's signature."""
+    return collate(batch)
+
+
+def torch_default_collate(batch: Sequence[Any]) -> Any:
+    """Exactly what ``torch.utils.data.default_collate`` returns (``collate(batch, to_torch=True)``)."""
+    return collate(batch, to_torch=True)
+
+
+_STR_OBJ_DTYPE = re.compile(r"[SaUO]")
+
+
+def default_convert(data: Any, *, to_torch: bool = False) -> Any:
+    """Convert one sample when batching is off (``batch_size=None``), as torch's default_convert.
+
+    Containers are rebuilt as torch rebuilds them (tuples become lists). In torch mode numpy
+    arrays and scalars become tensors (``torch.as_tensor``, sharing memory where torch does),
+    except arrays of strings or objects; in numpy mode every leaf is returned unchanged.
+    """
+    torch = None
+    if to_torch:
+        import torch  # noqa: PLC0415  (lazy for import shmloader)
+    return _convert(data, torch)
+
+
+def _convert(data: Any, torch: Any) -> Any:
+    elem_type = type(data)
+    tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor_type is not None and isinstance(data, tensor_type):
+        return data
+    if elem_type.__module__ == "numpy" and elem_type.__name__ not in ("str_", "string_"):
+        if torch is None or (
+            elem_type.__name__ == "ndarray" and _STR_OBJ_DTYPE.search(data.dtype.str) is not None
+        ):
+            return data
+        return torch.as_tensor(data)
+    if isinstance(data, abc.Mapping):
+        return _convert_mapping(data, torch)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return elem_type(*(_convert(d, torch) for d in data))
+    if isinstance(data, tuple):
+        return [_convert(d, torch) for d in data]  # torch: "Backwards compatibility."
+    if isinstance(data, abc.Sequence) and not isinstance(data, (str, bytes)):
+        return _convert_sequence(data, torch)
+    return data
+
+
+def _convert_mapping(data: Mapping[Any, Any], torch: Any) -> Any:
+    try:
+        if isinstance(data, abc.MutableMapping):
+            clone = copy.copy(data)
+            clone.update({key: _convert(data[key], torch) for key in data})
+            return clone
+        return type(data)({key: _convert(data[key], torch) for key in data})
+    except TypeError:
+        return {key: _convert(data[key], torch) for key in data}
+
+
+def _convert_sequence(data: Sequence[Any], torch: Any) -> Any:
+    try:
+        if isinstance(data, abc.MutableSequence):
+            clone = copy.copy(data)
+            for i, d in enumerate(data):
+                clone[i] = _convert(d, torch)
+            return clone
+        return type(data)([_convert(d, torch) for d in data])  # type: ignore[call-arg]
+    except TypeError:
+        return [_convert(d, torch) for d in data]

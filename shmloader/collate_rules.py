@@ -1,0 +1,267 @@
+"""The built-in collate rules of numpy mode, the container rules and the collate errors.
+
+Owns how each built-in sample type becomes a batch in numpy mode (numpy in, numpy out), how
+containers (mappings, namedtuples, sequences) are rebuilt in both modes, and the errors collation
+raises. Torch tensors and torch mode's numbers and arrays live in :mod:`shmloader.collate_torch`,
+which builds on this module; this module never imports torch. Runs wherever a batch is collated:
+a worker process, or the main process when ``num_workers=0``.
+
+Promises:
+
+- every output array is obtained from ``ctx.alloc`` and written once (np.concatenate / np.stack
+  with ``out=``, or one assignment), never built elsewhere and copied afterwards — except for the
+  numbers of a batch, which numpy converts on the heap first (a few bytes per sample);
+- containers are rebuilt as torch rebuilds them (tuples become lists, mappings and mutable
+  sequences are cloned, namedtuples keep their type), with each value collated exactly once;
+- errors keep torch's type and wording and add the field path (``batch['image'][0]``).
+
+Every rule has the :class:`~shmloader.collate.CollateRule` signature ``rule(batch, ctx)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import MutableMapping, MutableSequence, Sequence
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from shmloader.collate import CollateContext
+
+__all__ = [
+    "CollateShapeError",
+    "UNSUPPORTED_MESSAGE",
+    "check_array_dtype",
+    "collate_arrays",
+    "collate_complex",
+    "collate_floats",
+    "collate_ints",
+    "collate_mappings",
+    "collate_namedtuples",
+    "collate_numpy_scalars",
+    "collate_sequences",
+    "keep_batch",
+    "raise_shape_error",
+    "reject",
+    "stack_checked",
+    "stack_into",
+    "write_array",
+]
+
+# torch's pattern and message: numpy arrays of strings or objects cannot become tensors.
+_STR_OBJ_DTYPE = re.compile(r"[SaUO]")
+UNSUPPORTED_MESSAGE = (
+    "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
+)
+_UNEQUAL_LENGTH_MESSAGE = "each element in list of batch should be of equal size"
+
+
+
+class CollateShapeError(RuntimeError):
+    """Samples at one field of a batch differ in shape, so they cannot be stacked.
+
+    Raised where torch raises "stack expects each tensor to be equal size" (a RuntimeError).
+    Attributes: ``path`` (the field, e.g. ``batch['image']``), ``shapes`` (the first sample's shape
+    and the first differing one) and ``entries`` (their positions in the batch).
+    """
+
+    def __init__(
+        self, path: str, shapes: tuple[tuple[int, ...], tuple[int, ...]], entries: tuple[int, int]
+    ) -> None:
+        first, other = shapes
+        super().__init__(
+            f"stack expects each tensor to be equal size, but got {list(first)} at entry "
+            f"{entries[0]} and {list(other)} at entry {entries[1]}, at {path}. "
+            "Make the samples of this field one shape, or pass a collate_fn that handles "
+            "ragged samples."
+        )
+        self.path = path
+        self.shapes = (tuple(first), tuple(other))
+        self.entries = entries
+
+
+def raise_shape_error(batch: Sequence[Any], ctx: CollateContext) -> None:
+    """Raise :class:`CollateShapeError` for the first sample whose shape differs from entry 0.
+
+    Returns (without raising) only if every shape is equal.
+    """
+    first = tuple(np.shape(batch[0]))
+    for index, sample in enumerate(batch):
+        shape = tuple(np.shape(sample))
+        if shape != first:
+            raise CollateShapeError(ctx.path, (first, shape), (0, index))
+
+
+def reject(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Rule for types no rule handles: torch's TypeError, plus the field path."""
+    raise TypeError(f"{UNSUPPORTED_MESSAGE.format(type(batch[0]))} (at {ctx.path})")
+
+
+def keep_batch(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """str and bytes: the batch is returned as it came (a list or a tuple), as torch does."""
+    return batch
+
+
+# ---------------------------------------------------------------------------------- arrays
+
+
+def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """A batch of numpy arrays: one stacked array written into alloc (dtype promoted if mixed)."""
+    elem = batch[0]
+    check_array_dtype(elem, ctx)
+    if len(set(map(type, batch))) > 1:  # lists or numbers mixed in: make them arrays first
+        batch = [np.asarray(sample) for sample in batch]
+    dtype = np.result_type(*batch)
+    if not dtype.isnative:
+        dtype = dtype.newbyteorder("=")
+    out = ctx.alloc((len(batch), *elem.shape), dtype)
+    return stack_checked(batch, out, ctx)
+
+
+def check_array_dtype(elem: np.ndarray, ctx: CollateContext) -> None:
+    """Arrays of strings or objects cannot be collated: torch's TypeError, plus the field path."""
+    if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None:
+        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(elem.dtype)} (at {ctx.path})")
+
+
+def stack_checked(batch: Sequence[Any], out: np.ndarray, ctx: CollateContext) -> np.ndarray:
+    """Stack the samples into ``out`` (shaped after entry 0); unequal shapes raise CollateShapeError.
+
+    numpy checks every dimension but the first; the first is checked here, by ``len``.
+    """
+    try:
+        if out.ndim > 1 and len(set(map(len, batch))) > 1:
+            raise ValueError("samples differ in length")
+        return stack_into(batch, out)
+    except (ValueError, TypeError):
+        raise_shape_error(batch, ctx)
+        raise
+
+
+def stack_into(batch: Sequence[Any], out: np.ndarray) -> np.ndarray:
+    """Stack equally shaped arrays along a new first axis into ``out``, in one pass.
+
+    ``np.concatenate`` into a flattened view costs about half of ``np.stack``, which expands
+    every sample first. The view is made by setting ``shape``, which raises instead of copying,
+    so the write can never land in a temporary.
+    """
+    if out.ndim <= 1:
+        np.stack(batch, out=out)
+        return out
+    flat = out.view()
+    flat.shape = (out.shape[0] * out.shape[1], *out.shape[2:])
+    np.concatenate(batch, axis=0, out=flat)
+    return out
+
+
+def write_array(arr: np.ndarray, ctx: CollateContext) -> np.ndarray:
+    """Copy a small array made on the heap (numbers of a batch) into alloc."""
+    dtype = arr.dtype if arr.dtype.isnative else arr.dtype.newbyteorder("=")
+    out = ctx.alloc(arr.shape, dtype)
+    out[...] = arr
+    return out
+
+
+# --------------------------------------------------------------------------------- numbers
+
+
+def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """numpy scalars (datetime64 and void too): an array of their dtype, promoted if mixed."""
+    arr = np.asarray(batch)
+    if arr.dtype.hasobject:
+        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(type(batch[0]))} (at {ctx.path})")
+    return write_array(arr, ctx)
+
+
+def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Python floats: a float64 array."""
+    out = ctx.alloc((len(batch),), np.dtype(np.float64))
+    out[...] = batch
+    return out
+
+
+_INT_KINDS = {"b": None, "i": np.dtype(np.int64), "u": None, "f": np.dtype(np.float64)}
+
+
+def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Python ints (and bools): an int64 array, or a bool array if all are bools."""
+    arr = np.asarray(batch)
+    kind = arr.dtype.kind
+    if kind not in _INT_KINDS and kind != "c":
+        raise TypeError(
+            f"cannot collate a batch of ints with {type(batch[0])} first into one array: "
+            f"numpy made dtype {arr.dtype} (at {ctx.path})"
+        )
+    wanted = _INT_KINDS.get(kind)
+    if wanted is not None and arr.dtype != wanted:
+        arr = arr.astype(wanted)
+    return write_array(arr, ctx)
+
+
+def collate_complex(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Python complex numbers: a complex128 array (torch's default_collate rejects them)."""
+    out = ctx.alloc((len(batch),), np.dtype(np.complex128))
+    out[...] = batch
+    return out
+
+
+# ------------------------------------------------------------------------------ containers
+
+
+def collate_mappings(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Mappings: the first sample's mapping type, each key's values collated (torch's rule)."""
+    elem = batch[0]
+    values = {
+        key: ctx.collate(list(map(itemgetter(key), batch)), f"[{key!r}]") for key in elem
+    }
+    try:
+        if isinstance(elem, MutableMapping):
+            # The mapping type may carry extra state: clone it and update, as torch does.
+            clone = copy.copy(elem)
+            clone.update(values)
+            return clone
+        return type(elem)(values)
+    except TypeError:  # no copy()/update() or no __init__(mapping): a plain dict, as torch
+        return values
+
+
+def collate_namedtuples(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """namedtuples: the same namedtuple type, each field collated."""
+    elem = batch[0]
+    fields = [
+        ctx.collate(samples, f".{name}")
+        for name, samples in zip(elem._fields, zip(*batch))
+    ]
+    return type(elem)(*fields)
+
+
+def collate_sequences(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Sequences: transposed and collated position by position; tuples become lists (torch)."""
+    sizes = set(map(len, batch))
+    if len(sizes) > 1:
+        _raise_unequal_lengths(batch, ctx)
+    elem = batch[0]
+    collated = [ctx.collate(samples, f"[{i}]") for i, samples in enumerate(zip(*batch))]
+    if isinstance(elem, tuple):
+        return collated  # torch: "Backwards compatibility."
+    try:
+        if isinstance(elem, MutableSequence):
+            clone = copy.copy(elem)
+            for i, value in enumerate(collated):
+                clone[i] = value
+            return clone
+        return type(elem)(collated)
+    except TypeError:  # no copy()/__setitem__ or no __init__(iterable), e.g. range
+        return collated
+
+
+def _raise_unequal_lengths(batch: Sequence[Any], ctx: CollateContext) -> None:
+    first = len(batch[0])
+    index, other = next((i, len(s)) for i, s in enumerate(batch) if len(s) != first)
+    raise RuntimeError(
+        f"{_UNEQUAL_LENGTH_MESSAGE} (at {ctx.path}: entry 0 has {first} items, "
+        f"entry {index} has {other})"
+    )

@@ -1,0 +1,219 @@
+"""Collate rules that make torch tensors: tensors in any mode, and numbers and arrays in torch mode.
+
+Owns the torch side of collation: stacking tensors into memory from the allocator, turning numpy
+arrays, numpy scalars and Python numbers into the tensors ``torch.utils.data.default_collate``
+returns, and the dtype bridge between numpy and torch. Runs wherever a batch is collated. Only
+called once a tensor has been seen or torch mode was asked for, so torch is already imported;
+importing this module does not import torch.
+
+Promises:
+
+- a result tensor's memory comes from the allocator: ``torch.from_numpy(alloc(shape, dtype))``,
+  or for dtypes numpy lacks (bfloat16, float8, complex32, ...) ``alloc((nbytes,), uint8)`` viewed
+  as that dtype and shape;
+- values, dtypes and shapes equal torch's default_collate. The fast paths cover the common cases
+  (one dtype, plain Python numbers); anything else replays torch's own conversion
+  (``torch.as_tensor`` / ``torch.tensor``) so dtype inference and errors are torch's, then copies
+  the result into the allocator;
+- the exceptions: CUDA tensors and tensors that require grad are stacked by ``torch.stack``
+  without an allocator, since neither can live in a shared-memory slot.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shmloader.collate_rules import (
+    check_array_dtype,
+    raise_shape_error,
+    stack_checked,
+    write_array,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from shmloader.collate import Alloc, CollateContext
+
+__all__ = [
+    "collate_arrays",
+    "collate_floats",
+    "collate_ints",
+    "collate_numpy_scalars",
+    "collate_tensors",
+    "copy_into_alloc",
+    "numpy_dtype_of",
+    "tensor_from_alloc",
+    "torch_dtype_of",
+]
+
+_shape = attrgetter("shape")
+_dtype = attrgetter("dtype")
+_requires_grad = attrgetter("requires_grad")
+_PY_NUMBERS = frozenset({float, int, bool})
+_PY_INTS = frozenset({int, bool})
+_INT64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
+_UINT8 = np.dtype(np.uint8)
+_FLOAT64 = np.dtype(np.float64)
+
+# dtype bridges, filled on first use of each dtype: None means "no counterpart".
+_numpy_of: dict[Any, np.dtype | None] = {}
+_torch_of: dict[np.dtype, Any] = {}
+_scalar_ok: dict[type, bool] = {}
+
+
+def _torch() -> Any:
+    import torch  # noqa: PLC0415  (lazy: shmloader must import without torch)
+
+    return torch
+
+
+def numpy_dtype_of(dtype: Any) -> np.dtype | None:
+    """The numpy dtype with the same memory layout as a torch dtype, or None (e.g. bfloat16)."""
+    try:
+        return _numpy_of[dtype]
+    except KeyError:
+        pass
+    try:
+        found: np.dtype | None = _torch().empty(0, dtype=dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        found = None
+    _numpy_of[dtype] = found
+    return found
+
+
+def torch_dtype_of(dtype: np.dtype) -> Any:
+    """The torch dtype ``torch.from_numpy`` gives for a numpy dtype, or None where it refuses."""
+    try:
+        return _torch_of[dtype]
+    except KeyError:
+        pass
+    try:
+        found = _torch().from_numpy(np.empty(0, dtype)).dtype
+    except (TypeError, ValueError):  # unsupported type, or non-native byte order
+        found = None
+    _torch_of[dtype] = found
+    return found
+
+
+def tensor_from_alloc(alloc: Alloc, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised tensor of ``shape`` and torch ``dtype`` whose memory comes from alloc."""
+    torch = _torch()
+    np_dtype = numpy_dtype_of(dtype)
+    if np_dtype is not None:
+        return torch.from_numpy(alloc(shape, np_dtype))
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.from_numpy(alloc((nbytes,), _UINT8)).view(dtype).view(shape)
+
+
+def copy_into_alloc(tensor: Any, ctx: CollateContext) -> Any:
+    """Copy a tensor made by torch's own conversion into memory from the allocator."""
+    out = tensor_from_alloc(ctx.alloc, tuple(tensor.shape), tensor.dtype)
+    out.copy_(tensor)
+    return out
+
+
+# --------------------------------------------------------------------------------- tensors
+
+
+def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Tensors: ``torch.stack(batch, 0, out=...)`` into alloc, with torch's checks and errors."""
+    torch = _torch()
+    elem = batch[0]
+    _check_layout(elem, torch)
+    if len(set(map(_shape, batch))) > 1:
+        raise_shape_error(batch, ctx)
+    if elem.device.type != "cpu" or (
+        torch.is_grad_enabled() and any(map(_requires_grad, batch))
+    ):
+        return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
+    dtypes = set(map(_dtype, batch))
+    dtype = elem.dtype if len(dtypes) == 1 else functools.reduce(torch.promote_types, dtypes)
+    out = tensor_from_alloc(ctx.alloc, (len(batch), *elem.shape), dtype)
+    return torch.stack(batch, 0, out=out)
+
+
+def _check_layout(elem: Any, torch: Any) -> None:
+    if elem.is_nested:
+        raise RuntimeError(
+            "Batches of nested tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
+    if elem.layout in {
+        torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc, torch.sparse_bsc
+    }:
+        raise RuntimeError(
+            "Batches of sparse tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
+
+
+# ---------------------------------------------------------------------- torch-mode numbers
+
+
+def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """numpy arrays in torch mode: one tensor (``torch.from_numpy`` of the stacked alloc array)."""
+    elem = batch[0]
+    check_array_dtype(elem, ctx)
+    if len(set(map(type, batch))) > 1:  # not all arrays: torch converts each with as_tensor
+        return _as_tensors(batch, ctx)
+    if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
+        # mixed dtypes follow torch's promotion; a refused dtype raises torch's own error
+        return _as_tensors(batch, ctx)
+    out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
+    return _torch().from_numpy(stack_checked(batch, out, ctx))
+
+
+def _as_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    torch = _torch()
+    return collate_tensors([torch.as_tensor(sample) for sample in batch], ctx)
+
+
+def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """numpy scalars in torch mode: ``torch.as_tensor(batch)``, written into alloc."""
+    types = set(map(type, batch))
+    if len(types) == 1 and _scalar_type_ok(batch[0]):
+        return _torch().from_numpy(write_array(np.asarray(batch), ctx))
+    return copy_into_alloc(_torch().as_tensor(batch), ctx)
+
+
+def _scalar_type_ok(elem: Any) -> bool:
+    """Whether numpy gives the dtype torch.as_tensor infers for a list of this scalar type."""
+    tp = type(elem)
+    if tp not in _scalar_ok:
+        try:
+            expected = _torch().as_tensor([elem]).dtype
+        except (TypeError, ValueError, RuntimeError):  # e.g. uint64: torch raises; replay it
+            expected = None
+        _scalar_ok[tp] = expected is not None and torch_dtype_of(np.asarray([elem]).dtype) == expected
+    return _scalar_ok[tp]
+
+
+def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Python floats in torch mode: ``torch.tensor(batch, dtype=torch.float64)``."""
+    if set(map(type, batch)) <= _PY_NUMBERS:
+        out = ctx.alloc((len(batch),), _FLOAT64)
+        out[...] = batch
+        return _torch().from_numpy(out)
+    torch = _torch()
+    return copy_into_alloc(torch.tensor(batch, dtype=torch.float64), ctx)
+
+
+def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
+    """Python ints and bools in torch mode: ``torch.tensor(batch)`` (int64, or bool)."""
+    if set(map(type, batch)) <= _PY_INTS:
+        try:
+            arr = np.asarray(batch)
+        except OverflowError:
+            arr = None
+        if arr is not None and (arr.dtype == _INT64 or arr.dtype == _BOOL):
+            return _torch().from_numpy(write_array(arr, ctx))
+    # floats mixed in, int subclasses, or values past int64: torch's inference and errors
+    return copy_into_alloc(_torch().tensor(batch), ctx)
+

@@ -1,0 +1,173 @@
+"""The loader's configuration: explicit argument > ``SHMLOADER_*`` variable > default.
+
+Owns: :class:`Config` (every tunable, with where each value came from) and
+:func:`resolve_config`, the one place that reads ``SHMLOADER_*`` variables. Runs in the main
+process when a DataLoader is built, and in ``python -m shmloader config``/``doctor``. Promises:
+the environment is read at call time, never at import; a variable's text is parsed and validated
+once, strictly, and a bad value raises :class:`~shmloader.errors.ConfigError` naming the variable,
+the value and what is accepted; an explicit argument always wins and is kept as given (torch's own
+options are validated by the loader in torch's words; shmloader's own options are checked here);
+an unknown ``SHMLOADER_*`` name draws one warning that suggests the closest valid variable.
+
+Two environment values only make sense with worker processes: ``SHMLOADER_PREFETCH_FACTOR`` and
+``SHMLOADER_PERSISTENT_WORKERS`` are ignored (and noted in ``Config.notes``) when the effective
+``num_workers`` is 0, so a site-wide setting never breaks a single-process loader; passed as
+arguments they keep torch's errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .config_fields import FIELDS, FIELDS_BY_NAME, Field
+
+__all__ = [
+    "Config",
+    "ConfigWarning",
+    "FIELDS",
+    "Field",
+    "Row",
+    "describe",
+    "known_variables",
+    "register_variable",
+    "resolve_config",
+]
+
+ENV_PREFIX = "SHMLOADER_"
+ARGUMENT, ENVIRONMENT, DEFAULT = "argument", "environment", "default"
+_WORKER_ONLY = ("prefetch_factor", "persistent_workers")
+# Variables read elsewhere (bench, tests) that are not loader options; see register_variable().
+_OTHER_VARIABLES: dict[str, str] = {}
+
+
+class ConfigWarning(UserWarning):
+    """A ``SHMLOADER_*`` variable that nothing reads (most likely a misspelling)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every tunable of a loader, resolved; ``provenance`` says where each value came from.
+
+    ``provenance[name]`` is ``"argument"``, ``"environment"`` or ``"default"``; ``notes[name]``
+    explains an environment value that was read but not used.
+    """
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    multiprocessing_context: Any = None  # a start method name (or a context object passed by the caller)
+    timeout: float = 0
+    in_order: bool = True
+    pin_memory: bool = False
+    slot_bytes: int = 0
+    max_slots: int = 0
+    shm_dir: str = "/dev/shm"
+    on_worker_death: str = "raise"
+    max_restarts: int = 16
+    max_task_attempts: int = 3
+    task_seeding: bool = False
+    task_timeout_s: float = 0
+    log_level: str = "WARNING"
+    provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
+    notes: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        full = {f.name: self.provenance.get(f.name, DEFAULT) for f in FIELDS}
+        # Plain dicts (copies), not MappingProxyType: a Config must pickle to spawned workers.
+        object.__setattr__(self, "provenance", full)
+        object.__setattr__(self, "notes", dict(self.notes))
+
+
+class Row(NamedTuple):
+    """One line of ``python -m shmloader config``: option, effective value, source, variable."""
+
+    name: str
+    value: Any
+    source: str
+    variable: str
+    note: str
+
+
+def register_variable(name: str, meaning: str) -> None:
+    """Declare a ``SHMLOADER_*`` variable read outside the config (so it draws no warning)."""
+    if not name.startswith(ENV_PREFIX):
+        raise ValueError(f"variable {name!r} does not start with {ENV_PREFIX}")
+    _OTHER_VARIABLES[name] = meaning
+
+
+def known_variables() -> dict[str, str]:
+    """Every ``SHMLOADER_*`` variable shmloader reads -> its one-line meaning."""
+    known = {f.env: f.meaning for f in FIELDS}
+    known.update(_OTHER_VARIABLES)
+    return known
+
+
+def resolve_config(explicit: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
+    """Resolve every option as explicit argument > ``SHMLOADER_*`` variable > default.
+
+    ``explicit`` holds only the options the caller actually passed; ``environ`` defaults to
+    ``os.environ`` read now. Raises ConfigError for a bad variable or a bad value of one of
+    shmloader's own options, TypeError for a name that is not an option.
+    """
+    env = os.environ if environ is None else environ
+    unknown = sorted(set(explicit) - set(FIELDS_BY_NAME))
+    if unknown:
+        raise TypeError(f"resolve_config() got unknown option(s): {', '.join(unknown)}")
+    _warn_unknown_variables(env)
+    values: dict[str, Any] = {}
+    provenance: dict[str, str] = {}
+    for spec in FIELDS:
+        values[spec.name], provenance[spec.name] = _resolve_one(spec, explicit, env)
+    notes = _drop_worker_only(values, provenance, env)
+    return Config(**values, provenance=provenance, notes=notes)
+
+
+def _resolve_one(spec: Field, explicit: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Any, str]:
+    if spec.name in explicit:
+        return spec.from_argument(explicit[spec.name]), ARGUMENT
+    if spec.env in env:
+        return spec.from_env(env[spec.env]), ENVIRONMENT
+    return spec.default, DEFAULT
+
+
+def _drop_worker_only(values: dict[str, Any], provenance: dict[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """Ignore worker-only environment values when there are no workers (see the module docstring)."""
+    notes: dict[str, str] = {}
+    if values["num_workers"] != 0:
+        return notes
+    for name in _WORKER_ONLY:
+        if provenance[name] == ENVIRONMENT:
+            spec = FIELDS_BY_NAME[name]
+            notes[name] = f"{spec.env}={env[spec.env]!r} ignored: num_workers is 0"
+            values[name], provenance[name] = spec.default, DEFAULT
+    return notes
+
+
+def _warn_unknown_variables(env: Mapping[str, str]) -> None:
+    known = known_variables()
+    unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
+    if not unknown:
+        return
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+        parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    warnings.warn(
+        f"unknown shmloader environment variable(s) ignored: {'; '.join(parts)}. "
+        "Run 'python -m shmloader config' to list the valid ones.",
+        ConfigWarning,
+        stacklevel=3,
+    )
+
+
+def describe(config: Config) -> list[Row]:
+    """One row per option, in FIELDS order: name, value, source, variable, note (may be empty)."""
+    return [
+        Row(f.name, getattr(config, f.name), config.provenance[f.name], f.env, config.notes.get(f.name, ""))
+        for f in FIELDS
+    ]

@@ -1,0 +1,335 @@
+"""``python -m shmloader doctor``: checks of the machine against what a loader will need.
+
+Owns: the checks (shared-memory directory size and free bytes against the ring a configuration
+needs, RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA, segments left by dead
+owners) and their findings, each with a remedy. Runs in the CLI process only; torch and cupy are
+imported lazily and guarded, so a broken install is a finding, not a crash. Promises: every
+finding states the measurement it rests on; ``--clean`` removes only dead owners' segments (see
+:mod:`shmloader.sweep`); the exit code is 0 when no finding is a problem, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import multiprocessing
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import psutil
+
+from .config import Config, resolve_config
+from .config_fields import parse_size
+from .errors import ConfigError
+from .sweep import leftovers, sweep_dead_segments
+
+__all__ = ["Finding", "RingPlan", "plan_ring", "run_checks", "format_findings", "add_arguments", "run"]
+
+OK, INFO, WARNING, PROBLEM = "ok", "info", "warning", "problem"
+GUESS_SLOT_BYTES = 64 * 1024**2
+_GUESS_MAX_WORKERS = 8
+_SPARE_SLOTS = 2  # slots beyond workers * prefetch: the batch the user holds and the one being viewed
+_MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "hugetlbfs")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome: ``status`` is ok, info, warning or problem; ``remedy`` what to change."""
+
+    check: str
+    status: str
+    message: str
+    remedy: str = ""
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """The ring a configuration needs: ``workers * prefetch_factor + 2`` slots of ``slot_bytes``."""
+
+    workers: int
+    prefetch_factor: int
+    slot_bytes: int
+    guessed: bool = False
+
+    @property
+    def slots(self) -> int:
+        return max(self.workers, 1) * self.prefetch_factor + _SPARE_SLOTS
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+    def describe(self) -> str:
+        text = (f"{self.workers} workers x prefetch {self.prefetch_factor} + {_SPARE_SLOTS} = "
+                f"{self.slots} slots x {format_bytes(self.slot_bytes)} = {format_bytes(self.ring_bytes)}")
+        return text + (" (a guess: pass --workers/--prefetch-factor/--slot-bytes)" if self.guessed else "")
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``-style text for a byte count."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover - loop always returns
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity), or the CPU count where affinity is unknown."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def plan_ring(config: Config, workers: int | None, prefetch: int | None, slot_bytes: int | None) -> RingPlan:
+    """The ring to check: options given > the configuration > a guess (usable CPUs, 64 MiB slots)."""
+    guessed = False
+    if workers is None:
+        workers = config.num_workers
+        if workers == 0:
+            workers, guessed = min(usable_cpus(), _GUESS_MAX_WORKERS), True
+    if prefetch is None:
+        prefetch = config.prefetch_factor or 2
+    if slot_bytes is None:
+        slot_bytes = config.slot_bytes
+        if slot_bytes == 0:
+            slot_bytes, guessed = GUESS_SLOT_BYTES, True
+    return RingPlan(workers, prefetch, slot_bytes, guessed)
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+def _filesystem_of(path: str) -> str:
+    real = os.path.realpath(path)
+    best, fstype = "", "unknown"
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > len(best):
+            best, fstype = mount, part.fstype
+    return fstype
+
+
+def check_shm_dir(shm_dir: str, plan: RingPlan) -> list[Finding]:
+    """The shm directory exists, is writable, memory-backed and has room for the ring."""
+    name = "shm dir"
+    if not os.path.isdir(shm_dir):
+        return [Finding(name, PROBLEM, f"{shm_dir} is not a directory",
+                        "set SHMLOADER_SHM_DIR to a tmpfs directory, e.g. /dev/shm")]
+    if not os.access(shm_dir, os.W_OK | os.X_OK):
+        return [Finding(name, PROBLEM, f"{shm_dir} is not writable by this user",
+                        "set SHMLOADER_SHM_DIR to a directory you can write")]
+    vfs = os.statvfs(shm_dir)
+    total, free = vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize
+    fstype = _filesystem_of(shm_dir)
+    text = (f"{shm_dir} ({fstype}): {format_bytes(free)} free of {format_bytes(total)}; "
+            f"the ring needs {format_bytes(plan.ring_bytes)}")
+    found = []
+    if plan.ring_bytes > free:
+        found.append(Finding(name, PROBLEM, text,
+                             "enlarge it (docker: --shm-size; kubernetes: an emptyDir with medium: Memory), "
+                             "point SHMLOADER_SHM_DIR at a larger tmpfs, or lower num_workers, "
+                             "prefetch_factor or slot_bytes"))
+    elif plan.ring_bytes > free // 2:
+        found.append(Finding(name, WARNING, text + " (over half the free space)",
+                             "a ring that grows (batches kept by the user) may not fit; enlarge the directory"))
+    else:
+        found.append(Finding(name, OK, text))
+    if fstype not in _MEMORY_FILESYSTEMS and fstype != "unknown":
+        found.append(Finding(name, WARNING, f"{shm_dir} is on {fstype}, not a memory filesystem",
+                             "segments there may be written back to disk; use a tmpfs such as /dev/shm"))
+    return found
+
+
+def check_memlock(plan: RingPlan, pin_memory: bool) -> Finding:
+    """RLIMIT_MEMLOCK against the ring, for page locking (mlock) of the slots."""
+    try:
+        import resource
+    except ImportError:
+        return Finding("memlock", INFO, "RLIMIT_MEMLOCK is not available on this platform")
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return Finding("memlock", OK, "RLIMIT_MEMLOCK is unlimited")
+    text = f"RLIMIT_MEMLOCK soft limit {format_bytes(soft)}; the ring is {format_bytes(plan.ring_bytes)}"
+    if soft >= plan.ring_bytes:
+        return Finding("memlock", OK, text)
+    return Finding("memlock", WARNING if pin_memory else INFO,
+                   text + ": mlock can lock only part of the ring",
+                   "raise it (ulimit -l unlimited, memlock in limits.conf, docker --ulimit memlock=-1) "
+                   "if you pin without CUDA")
+
+
+def check_start_methods(config: Config) -> Finding:
+    """Which start methods exist here, and whether the configured one is among them."""
+    methods = multiprocessing.get_all_start_methods()
+    default = multiprocessing.get_start_method(allow_none=True) or methods[0]
+    text = f"available: {', '.join(methods)} (default {default})"
+    chosen = config.multiprocessing_context
+    if isinstance(chosen, str) and chosen not in methods:
+        return Finding("start methods", PROBLEM, f"{text}; configured {chosen!r} is not available",
+                       "set SHMLOADER_START_METHOD to one of " + ", ".join(methods))
+    return Finding("start methods", OK, text + (f"; configured {chosen}" if chosen else ""))
+
+
+def check_cpus(plan: RingPlan) -> Finding:
+    """CPU count and affinity against the number of workers."""
+    count, usable = os.cpu_count() or 1, usable_cpus()
+    text = f"{count} CPUs, {usable} usable by this process (affinity); {plan.workers} workers planned"
+    if plan.workers > usable:
+        return Finding("cpus", WARNING, text + ": workers will compete for CPUs",
+                       f"use num_workers <= {usable} unless loading waits on I/O")
+    return Finding("cpus", OK, text)
+
+
+def _probe(module: str) -> tuple[object | None, str]:
+    if importlib.util.find_spec(module) is None:
+        return None, "not installed"
+    try:
+        return importlib.import_module(module), ""
+    except Exception as exc:  # a broken install is a finding, not a crash
+        return None, f"fails to import: {type(exc).__name__}: {exc}"
+
+
+def _cuda_devices(torch: object | None, cupy: object | None) -> int:
+    try:
+        if torch is not None and torch.cuda.is_available():  # type: ignore[attr-defined]
+            return int(torch.cuda.device_count())  # type: ignore[attr-defined]
+        if cupy is not None:
+            return int(cupy.cuda.runtime.getDeviceCount())  # type: ignore[attr-defined]
+    except Exception:
+        return 0
+    return 0
+
+
+def check_accelerators(pin_memory: bool) -> list[Finding]:
+    """torch and cupy (version or why not), and how many CUDA devices they see."""
+    torch, torch_note = _probe("torch")
+    cupy, cupy_note = _probe("cupy")
+    found = [
+        Finding("torch", INFO if torch is None else OK,
+                torch_note or f"torch {getattr(torch, '__version__', '?')}"),
+        Finding("cupy", INFO if cupy is None else OK,
+                cupy_note or f"cupy {getattr(cupy, '__version__', '?')}"),
+    ]
+    devices = _cuda_devices(torch, cupy)
+    if devices:
+        found.append(Finding("cuda", OK, f"{devices} CUDA device(s)"))
+    elif pin_memory:
+        found.append(Finding("cuda", WARNING, "no CUDA device: pin_memory=True will return unpinned batches",
+                             "unset SHMLOADER_PIN_MEMORY on machines without a GPU"))
+    else:
+        found.append(Finding("cuda", INFO, "no CUDA device"))
+    return found
+
+
+def check_leftovers(shm_dir: str, clean: bool) -> list[Finding]:
+    """Segments of dead owners (removed with ``clean``) and of live loaders."""
+    items = leftovers(shm_dir)
+    dead = [i for i in items if not i.owner_alive]
+    live = [i for i in items if i.owner_alive]
+    found = []
+    if dead:
+        held = format_bytes(sum(i.size_bytes for i in dead))
+        pids = ", ".join(sorted({str(i.owner_pid) for i in dead}))
+        names = ", ".join(i.name for i in dead)
+        if clean:
+            removed = sweep_dead_segments(shm_dir)
+            found.append(Finding("leftovers", OK, f"removed {len(removed)} segment(s) of dead owners "
+                                 f"(pids {pids}, {held}): {', '.join(removed)}"))
+        else:
+            found.append(Finding("leftovers", PROBLEM, f"{len(dead)} segment(s) of dead owners "
+                                 f"(pids {pids}) hold {held}: {names}",
+                                 "run 'python -m shmloader doctor --clean' to remove them"))
+    if live:
+        pids = ", ".join(sorted({str(i.owner_pid) for i in live}))
+        found.append(Finding("leftovers", INFO, f"{len(live)} segment(s) of running loaders (pids {pids}) "
+                             f"hold {format_bytes(sum(i.size_bytes for i in live))}"))
+    if not items:
+        found.append(Finding("leftovers", OK, f"no segments of ours in {shm_dir}"))
+    return found
+
+
+def _resolve_reporting(environ: Mapping[str, str]) -> tuple[Config, list[Finding]]:
+    """Resolve the configuration; each bad variable becomes a finding and is then left out."""
+    env = dict(environ)
+    found: list[Finding] = []
+    while True:
+        try:
+            return resolve_config({}, env), found
+        except ConfigError as exc:
+            found.append(Finding("config", PROBLEM, str(exc), f"fix or unset {exc.name}"))
+            if env.pop(exc.name, None) is None:
+                return Config(), found
+
+
+def run_checks(environ: Mapping[str, str], workers: int | None = None, prefetch: int | None = None,
+               slot_bytes: int | None = None, clean: bool = False) -> tuple[RingPlan, list[Finding]]:
+    """Every check, in the order printed; returns the ring plan checked and the findings."""
+    config, found = _resolve_reporting(environ)
+    plan = plan_ring(config, workers, prefetch, slot_bytes)
+    found += check_shm_dir(config.shm_dir, plan)
+    found.append(check_memlock(plan, config.pin_memory))
+    found.append(check_start_methods(config))
+    found.append(check_cpus(plan))
+    found += check_accelerators(config.pin_memory)
+    found += check_leftovers(config.shm_dir, clean)
+    return plan, found
+
+
+def format_findings(plan: RingPlan, findings: list[Finding]) -> str:
+    """The text report: the ring plan, one line per finding (+ its remedy), then a summary."""
+    lines = [f"ring plan: {plan.describe()}"]
+    for item in findings:
+        lines.append(f"[{item.status}]".ljust(10) + f"{item.check:<14}{item.message}")
+        if item.remedy and item.status in (WARNING, PROBLEM):
+            lines.append(" " * 24 + f"remedy: {item.remedy}")
+    problems = sum(f.status == PROBLEM for f in findings)
+    warnings = sum(f.status == WARNING for f in findings)
+    lines.append(f"{problems} problem(s), {warnings} warning(s)")
+    return "\n".join(lines)
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64MiB, 1GiB)") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``doctor``."""
+    parser.add_argument("--workers", type=_positive, help="workers to plan the ring for (default: config, else usable CPUs up to 8)")
+    parser.add_argument("--prefetch-factor", type=_positive, help="tasks outstanding per worker (default: config, else 2)")
+    parser.add_argument("--slot-bytes", type=_size, help="bytes per slot, e.g. 64MiB (default: config, else 64MiB)")
+    parser.add_argument("--clean", action="store_true", help="remove segments whose owner process is dead")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """Run the checks and print them; 0 when nothing is a problem, 1 otherwise."""
+    plan, found = run_checks(os.environ if environ is None else environ, args.workers,
+                             args.prefetch_factor, args.slot_bytes, args.clean)
+    if args.json:
+        body = {"ring": {**asdict(plan), "slots": plan.slots, "ring_bytes": plan.ring_bytes},
+                "findings": [asdict(f) for f in found]}
+        print(json.dumps(body, indent=2))
+    else:
+        print(format_findings(plan, found))
+    return 1 if any(f.status == PROBLEM for f in found) else 0

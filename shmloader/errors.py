@@ -1,0 +1,229 @@
+"""The exception tree of shmloader, and the helpers that word its messages.
+
+Every error raised while loading subclasses something a torch user already catches::
+
+    Exception
+    ├── RuntimeError
+    │   └── LoaderError             any failure of the loading machinery
+    │       ├── WorkerDied          a worker exited unexpectedly (signal, os._exit, failed start)
+    │       │   └── RestartBudgetExceeded   restart policy gave up: too many deaths this epoch
+    │       ├── PoisonTask          one task killed workers on every one of its attempts
+    │       ├── WorkerTimeout       no batch within ``timeout=`` seconds (torch's wording)
+    │       │   └── WorkerHung      a worker exceeded the per-task deadline and was killed
+    │       ├── ShmSpaceError       the ring does not fit in the shared-memory directory
+    │       ├── RingExhausted       the ring hit its slot limit while the user holds every slot
+    │       └── DescriptorError     a worker's descriptor failed validation (bug or corruption)
+    └── ValueError
+        └── ConfigError             a bad ``SHMLOADER_*`` value or loader option
+
+An exception raised by user code inside a worker (dataset, collate_fn, worker_init_fn) is re-raised
+in the main process with its own type and torch's wording ("Caught KeyError in DataLoader worker
+process 2. Original Traceback ..."), plus the task number and sample indices; see
+:func:`rebuild_worker_exception`.
+
+Messages put facts first (worker, pid, signal or exit code, tasks and sample indices), then hints
+marked as such and backed by a measurement, then what to change.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "LoaderError",
+    "WorkerDied",
+    "RestartBudgetExceeded",
+    "PoisonTask",
+    "WorkerTimeout",
+    "WorkerHung",
+    "ShmSpaceError",
+    "RingExhausted",
+    "DescriptorError",
+    "ConfigError",
+    "describe_exit",
+    "format_indices",
+    "format_tasks",
+    "rebuild_worker_exception",
+]
+
+
+class LoaderError(RuntimeError):
+    """Base of every failure of the loading machinery (not of user code)."""
+
+
+class WorkerDied(LoaderError):
+    """A worker process exited while it held tasks, or failed to start.
+
+    Attributes: ``worker_id``, ``pid``, ``exitcode`` (negative for a signal, as
+    ``multiprocessing`` reports it), ``signal`` (the signal number or None), ``tasks``
+    (task number -> sample indices it held).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int,
+        pid: int | None,
+        exitcode: int | None,
+        tasks: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.signal = -exitcode if exitcode is not None and exitcode < 0 else None
+        self.tasks = dict(tasks or {})
+
+
+class RestartBudgetExceeded(WorkerDied):
+    """The restart policy replaced workers ``max_restarts`` times this epoch and gives up."""
+
+
+class PoisonTask(LoaderError):
+    """A task killed its worker on each of ``attempts`` tries; it is not retried again.
+
+    Attributes: ``task``, ``indices``, ``attempts``, ``deaths`` (one description per death).
+    """
+
+    def __init__(
+        self, message: str, *, task: int, indices: Sequence[int], attempts: int,
+        deaths: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.task = task
+        self.indices = list(indices)
+        self.attempts = attempts
+        self.deaths = list(deaths)
+
+
+class WorkerTimeout(LoaderError):
+    """No batch arrived within ``timeout`` seconds. Attributes: ``timeout_s``, ``tasks``."""
+
+    def __init__(
+        self, message: str, *, timeout_s: float,
+        tasks: Mapping[int, Sequence[int]] | None = None,
+        worker_id: int | None = None, pid: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+        self.tasks = dict(tasks or {})
+        self.worker_id = worker_id
+        self.pid = pid
+
+
+class WorkerHung(WorkerTimeout):
+    """A worker exceeded the per-task deadline and was killed (``task_timeout_s``)."""
+
+
+class ShmSpaceError(LoaderError):
+    """The ring would not fit in the free space of the shared-memory directory.
+
+    Attributes: ``needed_bytes``, ``free_bytes``, ``directory``.
+    """
+
+    def __init__(self, message: str, *, needed_bytes: int, free_bytes: int, directory: str) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.directory = directory
+
+
+class RingExhausted(LoaderError):
+    """Every slot is leased by the user and the ring may not grow past ``max_slots``."""
+
+
+class DescriptorError(LoaderError):
+    """A descriptor named a slot or a region that fails validation; nothing was viewed."""
+
+
+class ConfigError(ValueError):
+    """A loader option or ``SHMLOADER_*`` environment variable has a bad value.
+
+    Attributes: ``name`` (argument or variable), ``value``.
+    """
+
+    def __init__(self, message: str, *, name: str = "", value: Any = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.value = value
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Word an exit code as users read it: ``signal SIGKILL (9)`` or ``exit code 3``."""
+    if exitcode is None:
+        return "no exit code (still running)"
+    if exitcode < 0:
+        try:
+            name = _signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"signal {name} ({-exitcode})"
+    return f"exit code {exitcode}"
+
+
+def format_indices(indices: Sequence[int] | None, limit: int = 12) -> str:
+    """Compact sample indices: runs become ``a..b``; long lists are cut with a count."""
+    if indices is None:
+        return "(iterable dataset: no sample indices)"
+    items = list(indices)
+    if not items:
+        return "[]"
+    parts: list[str] = []
+    start = prev = items[0]
+    for value in items[1:] + [None]:  # type: ignore[list-item]
+        if value is not None and isinstance(prev, int) and value == prev + 1:
+            prev = value
+            continue
+        parts.append(f"{start}..{prev}" if prev != start else f"{start}")
+        if value is not None:
+            start = prev = value
+    text = ", ".join(parts[:limit])
+    if len(parts) > limit:
+        text += f", ... ({len(items)} indices in all)"
+    return f"[{text}]"
+
+
+def format_tasks(tasks: Mapping[int, Sequence[int] | None]) -> str:
+    """One line naming each task and its sample indices, for error messages."""
+    if not tasks:
+        return "no tasks"
+    return "; ".join(f"task {t}: indices {format_indices(idx)}" for t, idx in sorted(tasks.items()))
+
+
+def rebuild_worker_exception(
+    exc_type: type[BaseException] | None,
+    type_name: str,
+    traceback_text: str,
+    *,
+    worker_id: int,
+    pid: int | None,
+    task: int | None,
+    indices: Sequence[int] | None,
+) -> BaseException:
+    """Rebuild a worker's exception in the main process, in torch's words plus our facts.
+
+    The message starts as torch's does ("Caught KeyError in DataLoader worker process 2.") so
+    users' greps keep working, then names the pid, task and sample indices. The original type is
+    kept when it can be built from one message string; otherwise a RuntimeError carries the text.
+    """
+    where = f"DataLoader worker process {worker_id}"
+    facts = f" (pid {pid}" + (f", task {task}, sample indices {format_indices(indices)}" if task is not None else "") + ")"
+    msg = f"Caught {type_name} in {where}{facts}.\nOriginal {traceback_text}"
+    if exc_type is KeyError:
+        return KeyError(_KeyErrorMessage(msg))
+    if exc_type is not None:
+        try:
+            return exc_type(msg)
+        except Exception:
+            pass
+    return RuntimeError(msg)
+
+
+class _KeyErrorMessage(str):
+    """KeyError quotes its argument in str(); this keeps a multi-line message readable (torch does too)."""
+
+    def __repr__(self) -> str:
+        return str(self)

@@ -1,0 +1,56 @@
+"""Fetching samples for one task, exactly as torch's fetchers do, minus the collate step.
+
+Runs in a worker (or in the main process with ``num_workers=0``). Owns, for an iterable dataset,
+the dataset iterator and whether it has ended. Promises torch's semantics: map-style datasets use
+``__getitems__`` when they define it; an iterable dataset's partial last batch is kept unless
+``drop_last``; once the iterator has ended every later fetch raises ``StopIteration``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MapFetcher:
+    def __init__(self, dataset: Any, auto_collation: bool) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+
+    def fetch(self, indices: Any) -> Any:
+        """``indices`` is the batch of indices (auto-collation) or one index."""
+        if not self.auto_collation:
+            return self.dataset[indices]
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems:
+            return getitems(indices)
+        return [self.dataset[i] for i in indices]
+
+
+class IterableFetcher:
+    def __init__(self, dataset: Any, auto_collation: bool, batch_size: int | None, drop_last: bool) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.reset()
+
+    def reset(self) -> None:
+        self.iterator = iter(self.dataset)
+        self.ended = False
+
+    def fetch(self, _indices: Any = None) -> Any:
+        if self.ended:
+            raise StopIteration
+        if not self.auto_collation:
+            return next(self.iterator)
+        assert self.batch_size is not None
+        data = []
+        for _ in range(self.batch_size):
+            try:
+                data.append(next(self.iterator))
+            except StopIteration:
+                self.ended = True
+                break
+        if not data or (self.drop_last and len(data) < self.batch_size):
+            raise StopIteration
+        return data

@@ -1,0 +1,384 @@
+"""``DataLoader``: torch's signature and checks, wired to shmloader's engine.
+
+Owns the loader's options (resolved once through ``config``: explicit argument > ``SHMLOADER_*``
+environment variable > default), the default samplers, the choice of collation, and — with
+``persistent_workers`` — the one multi-process iterator whose workers and ring outlive an epoch.
+Runs in the main process. Promises torch's behaviour: the same validations, error types and
+messages, ``len()`` rules, immutability of ``batch_size, batch_sampler, sampler, drop_last, dataset,
+persistent_workers`` after construction, and a fresh sampler iteration each epoch.
+
+``shmloader.DataLoader`` is numpy-native (numpy in, numpy out; tensors in, tensors out).
+``shmloader.torch.DataLoader`` is the same class with ``_to_torch = True``: it returns exactly what
+torch's ``default_collate`` returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from multiprocessing.context import BaseContext
+from typing import Any, Generic, TypeVar
+
+from . import collate as _collate
+from . import pinning
+from .config import resolve_config
+from .datasets import is_iterable_dataset
+from .events import Events
+from .iterator import BaseIter, SingleProcessIter
+from .log import apply_log_level
+from .plugins import build_plugin_manager
+from .preflight import check_ring_fits
+from .ring import Ring
+from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from .sweep import sweep_dead_segments
+from .worker_main import WorkerSpec
+
+T_co = TypeVar("T_co", covariant=True)
+
+_CONFIG_OPTIONS = (
+    "num_workers", "prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout",
+    "in_order", "pin_memory", "slot_bytes", "max_slots", "shm_dir", "on_worker_death", "max_restarts",
+    "max_task_attempts", "task_seeding", "task_timeout_s", "log_level",
+)
+_IMMUTABLE = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
+class _InfiniteConstantSampler(Sampler):
+    """Analogous to ``itertools.repeat(None, None)``: the sampler of an IterableDataset."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        while True:
+            yield None
+
+
+def _records_explicit(init: Callable[..., None]) -> Callable[..., None]:
+    """Record which arguments the caller actually passed (so env vars fill only the others)."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        object.__setattr__(self, "_explicit", {k: v for k, v in bound.arguments.items() if k != "self"})
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+class DataLoader(Generic[T_co]):
+    """Combines a dataset and a sampler and iterates over batches, as torch's DataLoader does.
+
+    With ``num_workers > 0`` the workers collate each batch straight into a reusable shared-memory
+    slot and the batches you receive are views of it; a slot is reused once you drop the batch.
+    Options beyond torch's (keyword-only) are listed in docs/config.md, each also settable by an
+    ``SHMLOADER_*`` environment variable.
+    """
+
+    _to_torch = False
+    __initialized = False
+
+    @_records_explicit
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler | Iterable | None = None,
+        batch_sampler: Sampler | Iterable | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | BaseContext | None = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        slot_bytes: int | None = None,
+        max_slots: int | None = None,
+        shm_dir: str | None = None,
+        on_worker_death: str | None = None,
+        max_restarts: int | None = None,
+        max_task_attempts: int | None = None,
+        task_seeding: bool | None = None,
+        task_timeout_s: float | None = None,
+        log_level: str | None = None,
+        plugins: Iterable[Any] | None = None,
+    ) -> None:
+        explicit = {k: v for k, v in self._explicit.items() if k in _CONFIG_OPTIONS}
+        cfg = resolve_config(explicit)
+        apply_log_level(cfg.log_level)
+        num_workers, timeout, prefetch_factor = cfg.num_workers, cfg.timeout, cfg.prefetch_factor
+        persistent_workers = cfg.persistent_workers
+        _check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        self._config = cfg
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = cfg.pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = cfg.multiprocessing_context
+        self.in_order = cfg.in_order
+        self._is_iterable = is_iterable_dataset(dataset)
+        batch_size, shuffle, drop_last = self._check_sampling(dataset, batch_size, shuffle, sampler,
+                                                              batch_sampler, drop_last)
+        if batch_sampler is not None:
+            batch_size, drop_last = None, False
+        if sampler is None:
+            if self._is_iterable:
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        self.collate_fn = collate_fn if collate_fn is not None else self._default_collate_fn()
+        self.persistent_workers = persistent_workers
+        self._plugins = build_plugin_manager(plugins)
+        self._events = Events(self._plugins.hook)
+        self._pinner: pinning.PinBackend | None = None
+        self._iterator: BaseIter | None = None
+        self._IterableDataset_len_called: int | None = None
+        self.__initialized = True
+        self.check_worker_number_rationality()
+
+    # -- validation (torch's order, types and messages) -----------------------------------------
+    def _check_sampling(self, dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
+                        drop_last: bool) -> tuple[Any, bool, bool]:
+        if self._is_iterable:
+            if shuffle not in {False, None}:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "
+                                 f"but got shuffle={shuffle}")
+            if sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, "
+                                 f"but got sampler={sampler}")
+            if batch_sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified batch_sampler option, "
+                                 f"but got batch_sampler={batch_sampler}")
+        else:
+            shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                                 "sampler, and drop_last")
+        elif batch_size is None:
+            if drop_last:
+                raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
+                                 "with drop_last")
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
+        return batch_size, bool(shuffle), drop_last
+
+    @property
+    def multiprocessing_context(self) -> BaseContext | None:
+        return self.__multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: str | BaseContext | None) -> None:
+        if context is not None:
+            if self.num_workers == 0:
+                raise ValueError("multiprocessing_context can only be used with multi-process loading "
+                                 f"(num_workers > 0), but got num_workers={self.num_workers}")
+            if isinstance(context, str):
+                valid = multiprocessing.get_all_start_methods()
+                if context not in valid:
+                    raise ValueError(f"multiprocessing_context option should specify a valid start method in "
+                                     f"{valid!r}, but got multiprocessing_context={context!r}")
+                context = multiprocessing.get_context(context)
+            if not isinstance(context, BaseContext):
+                raise TypeError("multiprocessing_context option should be a valid context object or a string "
+                                f"specifying the start method, but got multiprocessing_context={context}")
+        self.__multiprocessing_context = context
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if self.__initialized and attr in _IMMUTABLE:
+            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(attr, value)
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning when more workers are asked for than this process may use CPUs."""
+        if not self.num_workers:
+            return
+        try:
+            suggest: int | None = len(os.sched_getaffinity(0))
+            checked = True
+        except AttributeError:
+            suggest, checked = os.cpu_count(), False
+        if suggest is None or self.num_workers > suggest:
+            hint = (f"Our suggested max number of worker in current system is {suggest}"
+                    f"{'' if checked else ' (`cpuset` is not taken into account)'}, which is smaller than what "
+                    "this DataLoader is going to create." if suggest is not None else
+                    "DataLoader is not able to compute a suggested max number of worker in current system.")
+            warnings.warn(f"This DataLoader will create {self.num_workers} worker processes in total. {hint} "
+                          "Please be aware that excessive worker creation might get DataLoader running slow or "
+                          "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+                          stacklevel=3)
+
+    # -- iteration -----------------------------------------------------------------------------
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def __iter__(self) -> BaseIter:
+        if self.persistent_workers and self.num_workers > 0:
+            it = self._iterator
+            if it is None or getattr(it, "closed", False):
+                self._iterator = self._get_iterator()
+            else:
+                it._reset(self)
+            return self._iterator  # type: ignore[return-value]
+        return self._get_iterator()
+
+    def _get_iterator(self) -> BaseIter:
+        self._warn_pinning()
+        if self.num_workers == 0:
+            return SingleProcessIter(self)
+        from .mp_iterator import MultiProcessIter
+
+        self.check_worker_number_rationality()
+        return MultiProcessIter(self)
+
+    def __len__(self) -> int:
+        if self._is_iterable:
+            length = self._IterableDataset_len_called = len(self.dataset)
+            if self.batch_size is not None:
+                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def close(self) -> None:
+        """Stop persistent workers and unlink the ring now (batches you hold stay valid)."""
+        it = self._iterator
+        if it is not None:
+            it.close()
+
+    def __enter__(self) -> DataLoader[T_co]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def stats(self) -> dict[str, Any]:
+        """Timings and counters: per-worker fetch/collate time, consumer wait, bytes, bottleneck."""
+        return self._events.stats.summary()
+
+    # -- engine wiring (used by the iterators) -------------------------------------------------
+    def _default_collate_fn(self) -> Callable[[Any], Any]:
+        if self._auto_collation:
+            return _collate.torch_default_collate if self._to_torch else _collate.default_collate
+        return _torch_default_convert if self._to_torch else _collate.default_convert
+
+    def _collate_plan(self) -> tuple[str, bool]:
+        """(collate kind, to_torch) for the worker: collate into the slot whenever it is ours or torch's."""
+        fn = self.collate_fn
+        torch_data = _torch_data_module()
+        if fn is _collate.default_collate:
+            return "builtin", False
+        if fn is _collate.torch_default_collate or (torch_data is not None and fn is torch_data.default_collate):
+            return "builtin", True
+        if fn is _collate.default_convert:
+            return "convert", False
+        if fn is _torch_default_convert or (torch_data is not None and fn is torch_data.default_convert):
+            return "convert", True
+        return "user", False
+
+    def _worker_spec(self, base_seed: int) -> WorkerSpec:
+        kind, to_torch = self._collate_plan()
+        return WorkerSpec(
+            dataset=self.dataset, num_workers=self.num_workers, base_seed=base_seed,
+            shm_dir=self._config.shm_dir, iterable=self._is_iterable, auto_collation=self._auto_collation,
+            batch_size=self.batch_size, drop_last=self.drop_last, collate_kind=kind,
+            collate_fn=self.collate_fn if kind == "user" else None, to_torch=to_torch,
+            worker_init_fn=self.worker_init_fn, collate_rules=self._plugins.collate_rules(),
+        )
+
+    @property
+    def _mp_context(self) -> BaseContext:
+        return self.multiprocessing_context or multiprocessing.get_context()
+
+    def _make_ring(self) -> Ring:
+        shm_dir = self._config.shm_dir
+        sweep_dead_segments(shm_dir)
+        self._pinner = pinning.select(self.pin_memory, self._plugins) if self.pin_memory else None
+        pin = self._pinner
+        return Ring(shm_dir, max_slots=self._config.max_slots,
+                    on_create=pin.register_segment if pin else None,
+                    on_retire=pin.unregister_segment if pin else None)
+
+    def _preflight(self, ring: Ring, slot_bytes: int, slots: int) -> None:
+        check_ring_fits(ring, slot_bytes, slots, num_workers=self.num_workers,
+                        prefetch_factor=self.prefetch_factor or 0)
+
+    def _warn_pinning(self) -> None:
+        if self.pin_memory and self.pin_memory_device:
+            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                          f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
+        if self.pin_memory and not pinning.accelerator_available():
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                          "memory won't be used.", stacklevel=3)
+
+    def _finish_batch(self, batch: Any) -> Any:
+        """Last step before the user: mark slot-backed tensors pinned, or pin (num_workers=0)."""
+        if self.pin_memory and self._pinner is not None:
+            return self._pinner.finish(batch)
+        if self.pin_memory and self.num_workers == 0 and pinning.accelerator_available():
+            return pinning.pin_copy(batch)
+        return batch
+
+
+def _check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> None:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}")
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                         "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+    if prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+
+
+def _torch_data_module() -> Any:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return None if torch is None else getattr(getattr(torch, "utils", None), "data", None)
+
+
+def _torch_default_convert(data: Any) -> Any:
+    """torch's default_convert (batch_size=None) for ``shmloader.torch.DataLoader``."""
+    return _collate.default_convert(data, to_torch=True)

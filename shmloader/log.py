@@ -1,0 +1,60 @@
+"""The ``shmloader`` logger, and the one switch that sets its level.
+
+Owns: ``logger`` (``logging.getLogger("shmloader")``; modules log through children of it, e.g.
+``logging.getLogger("shmloader.ring")``) and :func:`apply_log_level`. Runs in every process that
+imports shmloader. Promises: importing prints nothing (a NullHandler, as libraries should); the
+application's logging configuration is never changed, except that asking for a level more verbose
+than WARNING while the root logger has no handler attaches one stderr handler to ``shmloader``,
+so ``SHMLOADER_LOG_LEVEL=DEBUG`` is seen without code changes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .errors import ConfigError
+
+__all__ = ["logger", "apply_log_level", "LOG_FORMAT"]
+
+LOG_FORMAT = "shmloader %(levelname)s [pid %(process)d] %(name)s: %(message)s"
+
+logger = logging.getLogger("shmloader")
+if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+    logger.addHandler(logging.NullHandler())
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler apply_log_level() attaches; its own class so it is attached at most once."""
+
+
+def apply_log_level(level: str | int) -> int:
+    """Set the ``shmloader`` logger's level (a name in any case, or a number); returns the number.
+
+    A bad name raises ConfigError. A level below WARNING attaches a stderr handler when the
+    application configured no root handler; WARNING or above removes that handler again.
+    """
+    number = _level_number(level)
+    logger.setLevel(number)
+    ours = [h for h in logger.handlers if isinstance(h, _StderrHandler)]
+    if number < logging.WARNING and not ours and not logging.getLogger().handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logger.addHandler(handler)
+    elif number >= logging.WARNING:
+        for handler in ours:
+            logger.removeHandler(handler)
+    return number
+
+
+def _level_number(level: str | int) -> int:
+    if isinstance(level, int) and not isinstance(level, bool):
+        return level
+    name = level.upper() if isinstance(level, str) else ""
+    number = logging.getLevelName(name)
+    if not isinstance(number, int):
+        raise ConfigError(
+            f"log_level={level!r} is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL)",
+            name="log_level",
+            value=level,
+        )
+    return number

@@ -1,0 +1,89 @@
+"""Wire types: everything that crosses a worker's pipes. Few, frozen, small.
+
+main → worker: ``Task`` (fetch these indices, collate into this slot), ``Reset`` (a new epoch of
+an iterable dataset: restart the worker's iterator), ``Detach`` (unmap retired segments), and
+``None`` (stop).
+
+worker → main: ``Ready`` (initialised), ``Filled`` (the batch is in the slot; here is its
+descriptor), ``TooSmall`` (the slot cannot hold the batch; this many bytes are needed), ``Failed``
+(user code raised; the exception travels as type + traceback text), ``Exhausted`` (an iterable
+dataset's worker ran out of data).
+
+Every reply names the epoch and task it answers, so a reply from an abandoned epoch (a user who
+broke out of a loop with persistent workers) is recognised and its slot reclaimed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRef:
+    """Which segment a worker must write: the slot id, segment name and its size."""
+
+    slot_id: int
+    name: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    epoch: int
+    task: int
+    indices: list[int] | None  # None for an iterable dataset's task
+    slot: SlotRef
+    seed: int | None = None  # per-task seeding (base_seed, task) when enabled
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Filled:
+    epoch: int
+    task: int
+    slot_id: int
+    payload: bytes
+    nbytes: int
+    fetch_s: float
+    collate_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TooSmall:
+    epoch: int
+    task: int
+    slot_id: int
+    needed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    epoch: int
+    task: int | None  # None: worker start-up (unpickling, seeding, worker_init_fn) failed
+    type_name: str
+    exc_type: bytes | None  # the pickled exception type, when it pickles
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    epoch: int
+    task: int
+
+
+Reply = Ready | Filled | TooSmall | Failed | Exhausted

@@ -1,0 +1,190 @@
+"""The slot ring: every segment the loader creates, and each slot's state.
+
+Owns every segment of one loader and each slot's state::
+
+    free ──take──▶ assigned (a worker writes it) ──fill──▶ filled (main, in flight)
+      ▲                                                       │ lease
+      └──────── the last view of the batch is collected ◀── leased (the user)
+
+Runs in the main process only. Promises: one owner per slot at a time; a slot is never handed out
+while a view of its previous batch is alive; ``close()`` unlinks every segment, and a segment the
+user still views stays mapped until the last view dies. Slot *ids* are stable; a slot that is too
+small gets a new, larger segment (the old one is *retired*: unlinked, and its name queued so the
+workers can unmap it).
+
+A lease is a ctypes buffer over the whole slot. Every array of the batch is a numpy view whose
+base is that buffer, so the buffer (and with it the slot) lives exactly as long as the last view;
+a ``weakref.finalize`` on it queues the slot id for release. The queue is a deque because the
+finalizer may run in any thread; the iterator drains it (``collect_released``) before it dispatches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import RingExhausted
+from .segment import Segment, page_round
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    ASSIGNED = "assigned"
+    FILLED = "filled"
+    LEASED = "leased"
+
+
+@dataclass(eq=False)
+class Slot:
+    """One reusable region: a slot id, its current segment and its state."""
+
+    id: int
+    segment: Segment
+    state: SlotState = SlotState.FREE
+    task: int | None = None
+    lease_serial: int = 0
+    pinned: bool = field(default=False)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.segment.size_bytes
+
+
+SegmentHook = Callable[[Segment], None]
+
+
+class Ring:
+    """A growable ring of slots backed by shared-memory segments of one shm directory."""
+
+    def __init__(
+        self,
+        shm_dir: str,
+        *,
+        max_slots: int = 0,
+        on_create: SegmentHook | None = None,
+        on_retire: SegmentHook | None = None,
+    ) -> None:
+        self.shm_dir = shm_dir
+        self.max_slots = max_slots
+        self.slots: list[Slot] = []
+        self._free: deque[int] = deque()
+        self._released: deque[tuple[int, int]] = deque()
+        self._on_create = on_create
+        self._on_retire = on_retire
+        self.retired_names: list[str] = []
+        self.created_total = 0
+        self.closed = False
+
+    # -- counts --------------------------------------------------------------------------
+    def count(self, state: SlotState) -> int:
+        return sum(1 for s in self.slots if s.state is state)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.slots)
+
+    # -- slot life cycle -----------------------------------------------------------------
+    def take(self, min_bytes: int) -> Slot | None:
+        """A free slot of at least ``min_bytes`` (resized if needed), now assigned; None if none free."""
+        self.collect_released()
+        if not self._free:
+            return None
+        slot = self.slots[self._free.popleft()]
+        if slot.size_bytes < min_bytes:
+            self.resize(slot, min_bytes)
+        slot.state = SlotState.ASSIGNED
+        return slot
+
+    def grow(self, min_bytes: int) -> Slot:
+        """Add a new slot, assigned at once. Raises RingExhausted past ``max_slots``."""
+        if self.max_slots and len(self.slots) >= self.max_slots:
+            leased = self.count(SlotState.LEASED)
+            raise RingExhausted(
+                f"the slot ring reached max_slots={self.max_slots} and every slot is in use "
+                f"({leased} leased by batches the caller still holds). Drop references to old "
+                "batches, or raise max_slots (SHMLOADER_MAX_SLOTS; 0 = no limit)."
+            )
+        slot = Slot(len(self.slots), self._new_segment(min_bytes), SlotState.ASSIGNED)
+        self.slots.append(slot)
+        return slot
+
+    def resize(self, slot: Slot, min_bytes: int) -> None:
+        """Give a free or assigned slot a new segment of at least ``min_bytes``."""
+        if slot.state not in (SlotState.FREE, SlotState.ASSIGNED):
+            raise AssertionError(f"resize of slot {slot.id} in state {slot.state.value}")
+        old = slot.segment
+        slot.segment = self._new_segment(min_bytes)
+        self._retire(old)
+
+    def fill(self, slot: Slot) -> None:
+        slot.state = SlotState.FILLED
+
+    def lease(self, slot: Slot) -> ctypes.Array:
+        """Hand the slot to the user: a buffer whose collection returns the slot."""
+        slot.state = SlotState.LEASED
+        slot.lease_serial += 1
+        buf = (ctypes.c_char * slot.size_bytes).from_buffer(slot.segment.buf)
+        weakref.finalize(buf, self._released.append, (slot.id, slot.lease_serial))
+        return buf
+
+    def free(self, slot: Slot) -> None:
+        """Return a slot that no view references (failed, stale or empty batch) to the ring."""
+        if slot.state is SlotState.FREE:
+            return
+        slot.state = SlotState.FREE
+        slot.task = None
+        self._free.append(slot.id)
+
+    def collect_released(self) -> int:
+        """Move slots whose last view died back to free; returns how many."""
+        n = 0
+        while self._released:
+            slot_id, serial = self._released.popleft()
+            if slot_id < len(self.slots):
+                slot = self.slots[slot_id]
+                if slot.state is SlotState.LEASED and slot.lease_serial == serial:
+                    self.free(slot)
+                    n += 1
+        return n
+
+    def shrink_to(self, keep: int) -> None:
+        """Unlink free slots beyond ``keep`` slots in all (the user let go of held batches)."""
+        self.collect_released()
+        while len(self.slots) > keep and self.slots[-1].state is SlotState.FREE:
+            slot = self.slots.pop()
+            self._free.remove(slot.id)
+            self._retire(slot.segment)
+
+    def close(self) -> None:
+        """Unlink every segment; unmap those no view references. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for slot in self.slots:
+            self._retire(slot.segment)
+        self.slots.clear()
+        self._free.clear()
+
+    # -- internals -----------------------------------------------------------------------
+    def _new_segment(self, min_bytes: int) -> Segment:
+        segment = Segment.create(self.shm_dir, page_round(min_bytes))
+        self.created_total += 1
+        if self._on_create is not None:
+            try:
+                self._on_create(segment)
+            except BaseException:
+                segment.unlink()
+                segment.close()
+                raise
+        return segment
+
+    def _retire(self, segment: Segment) -> None:
+        if self._on_retire is not None:
+            self._on_retire(segment)
+        segment.unlink()
+        segment.close()
+        self.retired_names.append(segment.name)

@@ -1,0 +1,132 @@
+"""Shared-memory segments: one file in the shm directory, mapped once per process.
+
+Owns: the naming scheme (``shml_<ownerpid>_<token>_<serial>``, so a sweeper can tell a dead owner's
+leftovers), creation with the space reserved up front, registration with the standard library's
+resource tracker, and attaching without registering.
+
+Runs in both processes: the main process creates and unlinks (the only one that may); workers
+attach. Promises:
+
+- ``create`` reserves every byte with ``posix_fallocate``: a full ``/dev/shm`` is an ``OSError``
+  at creation in the main process, never a SIGBUS in a worker writing to the slot later.
+- A segment created in the default shm directory is registered with the resource tracker, so a
+  SIGKILLed trainer leaves no entry behind; ``unlink`` unregisters it.
+- ``attach`` never registers (Python 3.11's tracker would unlink segments a worker merely used).
+- ``close`` unmaps unless views still point into the mapping; then the mapping lives until the
+  last view is garbage-collected (the file is already gone after ``unlink``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import secrets
+
+PREFIX = "shml_"
+DEFAULT_SHM_DIR = "/dev/shm"
+PAGE_BYTES = mmap.PAGESIZE
+
+_serial = itertools.count()
+_token = secrets.token_hex(3)
+
+
+def page_round(nbytes: int) -> int:
+    """Round a size up to whole pages (at least one page)."""
+    return max(PAGE_BYTES, -(-nbytes // PAGE_BYTES) * PAGE_BYTES)
+
+
+def new_name(owner_pid: int | None = None) -> str:
+    """A fresh segment name that carries the owner pid."""
+    pid = os.getpid() if owner_pid is None else owner_pid
+    return f"{PREFIX}{pid}_{_token}_{next(_serial)}"
+
+
+def owner_pid(name: str) -> int | None:
+    """The owner pid encoded in a segment name, or None if the name is not ours."""
+    if not name.startswith(PREFIX):
+        return None
+    head = name[len(PREFIX):].split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _tracked(shm_dir: str) -> bool:
+    return os.path.realpath(shm_dir) == os.path.realpath(DEFAULT_SHM_DIR)
+
+
+class Segment:
+    """One mapped shared-memory file. ``buf`` is the writable mapping."""
+
+    __slots__ = ("name", "size_bytes", "path", "buf", "_tracked", "_owner", "__weakref__")
+
+    def __init__(self, name: str, size_bytes: int, path: str, buf: mmap.mmap, tracked: bool, owner: bool):
+        self.name = name
+        self.size_bytes = size_bytes
+        self.path = path
+        self.buf = buf
+        self._tracked = tracked
+        self._owner = owner
+
+    @classmethod
+    def create(cls, shm_dir: str, size_bytes: int) -> Segment:
+        """Create, reserve and map a new segment of at least ``size_bytes`` (page-rounded)."""
+        size = page_round(size_bytes)
+        name = new_name()
+        path = os.path.join(shm_dir, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError:
+                os.unlink(path)
+                raise
+            buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        tracked = _tracked(shm_dir)
+        if tracked:
+            _register(name)
+        return cls(name, size, path, buf, tracked, owner=True)
+
+    @classmethod
+    def attach(cls, shm_dir: str, name: str, size_bytes: int) -> Segment:
+        """Map an existing segment (worker side). Never registers with the resource tracker."""
+        path = os.path.join(shm_dir, name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            buf = mmap.mmap(fd, size_bytes)
+        finally:
+            os.close(fd)
+        return cls(name, size_bytes, path, buf, tracked=False, owner=False)
+
+    def unlink(self) -> None:
+        """Remove the file (owner only); the mapping stays valid for live views."""
+        if not self._owner:
+            raise PermissionError(f"segment {self.name} is attached, not owned: only its owner unlinks it")
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        if self._tracked:
+            _unregister(self.name)
+            self._tracked = False
+
+    def close(self) -> bool:
+        """Unmap now if nothing views the mapping; returns False when views keep it alive."""
+        try:
+            self.buf.close()
+            return True
+        except BufferError:
+            return False
+
+
+def _register(name: str) -> None:
+    from multiprocessing import resource_tracker
+
+    resource_tracker.register("/" + name, "shared_memory")
+
+
+def _unregister(name: str) -> None:
+    from multiprocessing import resource_tracker
+
+    resource_tracker.unregister("/" + name, "shared_memory")

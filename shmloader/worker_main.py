@@ -1,0 +1,252 @@
+"""The worker process: fetch samples, collate them into the assigned slot, send a descriptor.
+
+Runs in each worker process. Owns its copy of the dataset (and, for an iterable dataset, its
+iterator), its mappings of the segments it was told about, and a small cache of batches that did
+not fit their slot. Promises:
+
+- one reply per task, in the order tasks arrive: ``Filled``, ``TooSmall``, ``Failed`` or
+  ``Exhausted``; a batch that did not fit is kept, so the retry in a larger slot neither fetches
+  again nor advances an iterable dataset;
+- it never registers a segment with the resource tracker and never unlinks one;
+- it exits when told (``None``), when its task pipe closes, and within ``PARENT_CHECK_S`` of the
+  main process dying (on Linux at once, through ``PR_SET_PDEATHSIG``); it never blocks forever.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import numpy as np
+
+from . import codec, worker_info
+from .alloc import SlotAllocator
+from .collate import SlotFull, collate, default_convert, heap_alloc
+from .fetch import IterableFetcher, MapFetcher
+from .messages import Detach, Exhausted, Failed, Filled, Ready, Reset, SlotRef, Task, TooSmall
+from .segment import Segment
+
+PARENT_CHECK_S = 0.5
+_PENDING_LIMIT = 8
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs; cloudpickled under spawn/forkserver, inherited under fork."""
+
+    dataset: Any
+    num_workers: int
+    base_seed: int
+    shm_dir: str
+    iterable: bool
+    auto_collation: bool
+    batch_size: int | None
+    drop_last: bool
+    collate_kind: str  # "builtin" (collate into the slot), "convert", or "user"
+    collate_fn: Callable[[Any], Any] | None
+    to_torch: bool
+    worker_init_fn: Callable[[int], None] | None
+    collate_rules: dict[type, Any] = field(default_factory=dict)
+
+
+def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, results: Connection,
+        parent_pid: int) -> None:
+    """Process entry point (``multiprocessing.Process(target=run, ...)``)."""
+    _watch_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worker = _Worker(_load_spec(spec_or_blob), worker_id, results)
+    except BaseException:
+        _send(results, _failure(0, None, sys.exc_info()))
+        return
+    _send(results, Ready(worker_id, os.getpid()))
+    try:
+        worker.loop(tasks, parent_pid, os.getppid())
+    finally:
+        worker.detach_all()
+
+
+def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,
+                alloc: Any) -> Any:
+    """Collate one task's samples: into ``alloc`` (builtin), by conversion, or by the user's fn."""
+    if kind == "builtin":
+        return collate(data, alloc, to_torch=to_torch, rules=rules or None)
+    if kind == "convert":
+        return default_convert(data, to_torch=to_torch)
+    assert fn is not None
+    return fn(data)
+
+
+def make_fetcher(spec: WorkerSpec) -> MapFetcher | IterableFetcher:
+    if spec.iterable:
+        return IterableFetcher(spec.dataset, spec.auto_collation, spec.batch_size, spec.drop_last)
+    return MapFetcher(spec.dataset, spec.auto_collation)
+
+
+def _load_spec(spec_or_blob: WorkerSpec | bytes) -> WorkerSpec:
+    if isinstance(spec_or_blob, bytes):
+        import cloudpickle
+
+        return cloudpickle.loads(spec_or_blob)
+    return spec_or_blob
+
+
+def _watch_parent(main_pid: int) -> None:
+    """Ask Linux to SIGKILL us when our parent dies; the poll loop also watches the main process.
+
+    Under forkserver our parent is the fork server, which exits when the main process dies.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if not _alive(main_pid):
+        os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _send(conn: Connection, msg: Any) -> None:
+    try:
+        conn.send(msg)
+    except (BrokenPipeError, EOFError, OSError):
+        os._exit(0)
+
+
+def _failure(epoch: int, task: int | None, exc_info: Any) -> Failed:
+    exc_type, exc, tb = exc_info
+    try:
+        pickled: bytes | None = pickle.dumps(exc_type)
+    except Exception:
+        pickled = None
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    return Failed(epoch, task, exc_type.__name__, pickled, text)
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, worker_id: int, results: Connection) -> None:
+        self.spec = spec
+        self.id = worker_id
+        self.results = results
+        self.segments: dict[str, tuple[Segment, np.ndarray]] = {}
+        self.pending: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        self.epoch = 0
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)
+        seed = worker_info.seed_worker(spec.base_seed, worker_id)
+        worker_info.set_worker_info(
+            worker_info.WorkerInfo(id=worker_id, num_workers=spec.num_workers, seed=seed, dataset=spec.dataset)
+        )
+        if spec.worker_init_fn is not None:
+            spec.worker_init_fn(worker_id)
+        self.fetcher = make_fetcher(spec)
+
+    # -- main loop -------------------------------------------------------------------------
+    def loop(self, tasks: Connection, main_pid: int, ppid: int) -> None:
+        while True:
+            if not tasks.poll(PARENT_CHECK_S):
+                if os.getppid() != ppid or not _alive(main_pid):
+                    return
+                continue
+            try:
+                msg = tasks.recv()
+            except (EOFError, OSError):
+                return
+            if msg is None:
+                return
+            if isinstance(msg, Task):
+                _send(self.results, self.handle(msg))
+            elif isinstance(msg, Detach):
+                self.detach(msg.names)
+            elif isinstance(msg, Reset):
+                self.reset(msg.epoch)
+
+    def reset(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.pending.clear()
+        if isinstance(self.fetcher, IterableFetcher):
+            self.fetcher.reset()
+
+    # -- one task --------------------------------------------------------------------------
+    def handle(self, task: Task) -> Any:
+        key = (task.epoch, task.task)
+        try:
+            if task.seed is not None:
+                worker_info.seed_task(task.seed)
+            t0 = time.perf_counter()
+            data, batch = self.pending.pop(key, (None, None))
+            if data is None and batch is None:
+                data = self.fetch(task)
+            t1 = time.perf_counter()
+            return self.fill(task, data, batch, t1 - t0)
+        except StopIteration:
+            return Exhausted(task.epoch, task.task)
+        except Exception:
+            return _failure(task.epoch, task.task, sys.exc_info())
+
+    def fetch(self, task: Task) -> Any:
+        if self.spec.iterable or self.spec.auto_collation:
+            return self.fetcher.fetch(task.indices)
+        assert task.indices is not None
+        return self.fetcher.fetch(task.indices[0])
+
+    def fill(self, task: Task, data: Any, batch: Any, fetch_s: float) -> Any:
+        alloc = self.allocator(task.slot)
+        t0 = time.perf_counter()
+        try:
+            if batch is None:
+                batch = self.collate(data, alloc)
+            payload, nbytes = codec.encode(batch, alloc)
+        except SlotFull:
+            heap = self.collate(data, heap_alloc) if batch is None else batch
+            self._remember((task.epoch, task.task), data, heap)
+            return TooSmall(task.epoch, task.task, task.slot.slot_id, codec.measure(heap))
+        return Filled(task.epoch, task.task, task.slot.slot_id, payload, nbytes, fetch_s,
+                      time.perf_counter() - t0)
+
+    def collate(self, data: Any, alloc: Any) -> Any:
+        spec = self.spec
+        return run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data, alloc)
+
+    def _remember(self, key: tuple[int, int], data: Any, heap: Any) -> None:
+        self.pending[key] = (data, heap)
+        while len(self.pending) > _PENDING_LIMIT:
+            self.pending.popitem(last=False)
+
+    # -- segments --------------------------------------------------------------------------
+    def allocator(self, ref: SlotRef) -> SlotAllocator:
+        entry = self.segments.get(ref.name)
+        if entry is None:
+            segment = Segment.attach(self.spec.shm_dir, ref.name, ref.size_bytes)
+            entry = (segment, np.frombuffer(segment.buf, dtype=np.uint8))
+            self.segments[ref.name] = entry
+        segment, u8 = entry
+        return SlotAllocator(segment.buf, segment.size_bytes, u8)
+
+    def detach(self, names: tuple[str, ...]) -> None:
+        """Forget retired segments; dropping the mapping and its view unmaps it."""
+        for name in names:
+            self.segments.pop(name, None)
+
+    def detach_all(self) -> None:
+        self.segments.clear()

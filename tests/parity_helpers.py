@@ -1,0 +1,105 @@
+"""Helpers for the torch parity tests: compare two batches recursively, and two failures.
+
+``assert_same_structure(ours, theirs)`` passes only if both have the same container types (at
+every level), the same keys and lengths, and leaves equal in type, dtype, shape and value (NaN
+equal to NaN). Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["assert_same_error", "assert_same_structure"]
+
+
+def assert_same_structure(ours: Any, theirs: Any, path: str = "batch") -> None:
+    """Assert ``ours`` equals ``theirs`` in structure, container types, dtypes, shapes, values."""
+    assert type(ours) is type(theirs), (
+        f"{path}: type {type(ours).__name__} != {type(theirs).__name__}"
+    )
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(theirs, torch.Tensor):
+        _assert_same_tensor(ours, theirs, path, torch)
+    elif isinstance(theirs, np.ndarray):
+        _assert_same_array(ours, theirs, path)
+    elif isinstance(theirs, Mapping):
+        assert list(ours.keys()) == list(theirs.keys()), f"{path}: keys {list(ours)} != {list(theirs)}"
+        for key in theirs:
+            assert_same_structure(ours[key], theirs[key], f"{path}[{key!r}]")
+    elif isinstance(theirs, Sequence) and not isinstance(theirs, (str, bytes, range)):
+        assert len(ours) == len(theirs), f"{path}: length {len(ours)} != {len(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same_structure(a, b, f"{path}[{i}]")
+    elif isinstance(theirs, float) and theirs != theirs:
+        assert ours != ours, f"{path}: {ours!r} != nan"
+    else:
+        assert ours == theirs, f"{path}: {ours!r} != {theirs!r}"
+    _assert_same_extra_state(ours, theirs, path)
+
+
+def _assert_same_tensor(ours: Any, theirs: Any, path: str, torch: Any) -> None:
+    assert ours.dtype == theirs.dtype, f"{path}: dtype {ours.dtype} != {theirs.dtype}"
+    assert ours.shape == theirs.shape, f"{path}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    assert ours.device == theirs.device, f"{path}: device {ours.device} != {theirs.device}"
+    assert ours.requires_grad == theirs.requires_grad, f"{path}: requires_grad differs"
+    if theirs.dtype.is_floating_point or theirs.dtype.is_complex:
+        same = torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(
+            ours.nan_to_num(0.0), theirs.nan_to_num(0.0)
+        )
+    else:
+        same = torch.equal(ours, theirs)
+    assert same, f"{path}: values differ:\n{ours}\n!=\n{theirs}"
+
+
+def _assert_same_array(ours: np.ndarray, theirs: np.ndarray, path: str) -> None:
+    assert ours.dtype == theirs.dtype, f"{path}: dtype {ours.dtype} != {theirs.dtype}"
+    assert ours.shape == theirs.shape, f"{path}: shape {ours.shape} != {theirs.shape}"
+    equal_nan = ours.dtype.kind in "fc"
+    assert np.array_equal(ours, theirs, equal_nan=equal_nan), f"{path}: values differ"
+
+
+def _assert_same_extra_state(ours: Any, theirs: Any, path: str) -> None:
+    """Custom containers may carry public attributes (torch clones them); those must match too."""
+    if not isinstance(theirs, (Mapping, list)) or not hasattr(theirs, "__dict__"):
+        return
+    state_ours = {k: v for k, v in vars(ours).items() if not k.startswith("_")}
+    state_theirs = {k: v for k, v in vars(theirs).items() if not k.startswith("_")}
+    if state_theirs or state_ours:
+        assert state_ours == state_theirs, f"{path}: attributes {state_ours} != {state_theirs}"
+
+
+def assert_same_error(ours: Callable[[], Any], theirs: Callable[[], Any]) -> BaseException:
+    """Assert both calls raise the same exception type and that ours starts with torch's words."""
+    their_error = _raised(theirs)
+    our_error = _raised(ours)
+    assert their_error is not None, "torch did not raise"
+    assert our_error is not None, f"torch raised {their_error!r} but ours did not"
+    assert type(our_error) is type(their_error) or isinstance(our_error, type(their_error)), (
+        f"ours raised {type(our_error).__name__}: {our_error}; "
+        f"torch raised {type(their_error).__name__}: {their_error}"
+    )
+    assert str(our_error).startswith(_first_words(their_error)), (
+        f"message {str(our_error)!r} does not start as torch's {str(their_error)!r}"
+    )
+    return our_error
+
+
+def _raised(fn: Callable[[], Any]) -> BaseException | None:
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001  (the point is to capture any error)
+        return error
+    return None
+
+
+def _first_words(error: BaseException) -> str:
+    """torch's message up to its first detail (sizes, indices): what users grep for."""
+    text = str(error)
+    for stop in (", but got", " at entry", "; found"):
+        if stop in text:
+            return text[: text.index(stop)]
+    return text[:40]

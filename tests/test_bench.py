@@ -1,0 +1,292 @@
+"""Tests of ``python -m shmloader bench``: its workloads, its report, and whole runs.
+
+Whole runs start a fresh interpreter, as a user would, and read the JSON document on stdout. No test
+asserts on speed: only that every field is there and every rate is positive.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import bench
+from shmloader.bench_report import Measurement, compute_ratios, format_results
+from shmloader.bench_workloads import PAGE_BYTES, WORKLOADS, CachedSampleDataset, touch_batch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN_MAIN = "import sys, shmloader.bench as b; sys.exit(b.main(sys.argv[1:]))"
+HAS_SHMLOADER_LOADER = hasattr(shmloader, "DataLoader")
+RESULT_FIELDS = {
+    "workload", "num_workers", "loader", "batch_size", "batch_bytes", "batches", "seconds",
+    "first_batch_s", "leftover_children", "error", "batches_per_s", "gb_per_s",
+}  # fmt: skip
+HEADER_FIELDS = {"cpu_count", "affinity_cpus", "python", "numpy", "torch", "shmloader",
+                 "start_method", "device"}  # fmt: skip
+
+def _torch_installed() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_torch = pytest.mark.skipif(not _torch_installed(), reason="torch is not installed")
+needs_shmloader_loader = pytest.mark.skipif(
+    not HAS_SHMLOADER_LOADER, reason="shmloader.DataLoader is not available yet"
+)
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", RUN_MAIN, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+
+
+def run_json(*args: str) -> tuple[int, dict[str, Any], str]:
+    proc = run_bench(*args, "--json")
+    assert proc.stdout.strip(), f"no JSON on stdout; stderr:\n{proc.stderr}"
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def assert_valid_results(doc: dict[str, Any], loaders: set[str], workers: set[int]) -> None:
+    assert HEADER_FIELDS <= set(doc["header"])
+    assert doc["header"]["cpu_count"] >= 1
+    results = doc["results"]
+    assert {r["loader"] for r in results} == loaders
+    assert {r["num_workers"] for r in results} == workers
+    for r in results:
+        assert RESULT_FIELDS <= set(r), r
+        assert r["error"] is None, r["error"]
+        assert r["batches"] == 20
+        assert r["batches_per_s"] > 0 and r["gb_per_s"] > 0 and r["first_batch_s"] > 0
+        assert r["leftover_children"] == 0
+
+
+# --- whole runs ----------------------------------------------------------------------------------
+
+
+@needs_torch
+@pytest.mark.timeout(180)
+def test_torch_only_run_reports_every_field() -> None:
+    rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "0",
+                               "--no-shmloader")  # fmt: skip
+    assert rc == 0, stderr
+    assert_valid_results(doc, {"torch"}, {0})
+    assert doc["ratios"] == [] and doc["h2d"] == []
+    assert "batches/s" in stderr  # the human table moved to stderr
+
+
+@needs_torch
+@needs_shmloader_loader
+@pytest.mark.timeout(180)
+def test_side_by_side_run_reports_ratios() -> None:
+    rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "0")
+    assert rc == 0, stderr
+    assert_valid_results(doc, {"shmloader", "torch"}, {0})
+    (ratio,) = doc["ratios"]
+    assert ratio["workload"] == "tiny" and ratio["num_workers"] == 0
+    assert ratio["batches_per_s_ratio"] > 0 and ratio["first_batch_ratio"] > 0
+
+
+@needs_shmloader_loader
+@pytest.mark.timeout(180)
+def test_run_with_one_worker() -> None:
+    loaders = ("--no-torch",) if not _torch_installed() else ()
+    rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "1",
+                               *loaders)  # fmt: skip
+    shm = [r for r in doc["results"] if r["loader"] == "shmloader"]
+    if shm and shm[0]["error"] is not None:
+        pytest.skip(f"shmloader with num_workers>0 failed: {shm[0]['error']}")
+    assert rc == 0, stderr
+    assert_valid_results(doc, {r["loader"] for r in doc["results"]}, {1})
+    assert "shmloader" in {r["loader"] for r in doc["results"]}
+
+
+@pytest.mark.timeout(180)
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    if not HAS_SHMLOADER_LOADER and not _torch_installed():
+        pytest.skip("neither loader is available")
+    which = () if HAS_SHMLOADER_LOADER else ("--no-shmloader",)
+    png = tmp_path / "bench.png"
+    proc = run_bench("--workloads", "tiny", "--batches", "5", "--workers", "0",
+                     "--plot", str(png), *which)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot written to {png}" in proc.stdout
+
+
+def test_device_cuda_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    if _torch_installed():
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is available here")
+    assert bench.main(["--device", "cuda", "--workloads", "tiny", "--batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err
+    assert "CUDA is not available" in err or not _torch_installed()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--workloads", "huge"],
+        ["--workers", "-1"],
+        ["--workers", "two"],
+        ["--batches", "0"],
+        ["--no-torch", "--no-shmloader"],
+        ["--start-method", "thread"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(argv) == 2
+    assert capsys.readouterr().err.strip()
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--help"]) == 0
+    assert "--workloads" in capsys.readouterr().out
+
+
+def test_per_workload_default_batches() -> None:
+    opts = bench.parse_args([])
+    assert [w.name for w in opts.workloads] == ["tiny", "image", "big"]
+    assert opts.workers == (0, 2) and opts.start_method == "fork"
+    assert opts.batches_for(WORKLOADS["big"]) == WORKLOADS["big"].default_batches
+    assert bench.parse_args(["--batches", "7"]).batches_for(WORKLOADS["big"]) == 7
+
+
+def _fake_shmloader_class(closed: list[bool], fail: bool = False) -> type:
+    """torch's DataLoader standing in for shmloader's, with a ``close()`` that is recorded."""
+    from torch.utils.data import DataLoader
+
+    class FakeLoader(DataLoader):  # type: ignore[misc]
+        def __iter__(self) -> Any:
+            if fail:
+                raise RuntimeError("engine exploded")
+            return super().__iter__()
+
+        def close(self) -> None:
+            closed.append(True)
+
+    return FakeLoader
+
+
+@needs_torch
+def test_side_by_side_flow_with_a_stand_in_loader(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed: list[bool] = []
+    monkeypatch.setattr(shmloader, "DataLoader", _fake_shmloader_class(closed), raising=False)
+    rc = bench.main(["--workloads", "tiny", "--batches", "20", "--workers", "0", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert_valid_results(doc, {"shmloader", "torch"}, {0})
+    assert len(doc["ratios"]) == 1 and doc["ratios"][0]["batches_per_s_ratio"] > 0
+    assert closed == [True]  # close() is called once per measurement
+
+
+@needs_torch
+def test_a_failing_loader_is_reported_and_the_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed: list[bool] = []
+    fake = _fake_shmloader_class(closed, fail=True)
+    monkeypatch.setattr(shmloader, "DataLoader", fake, raising=False)
+    rc = bench.main(["--workloads", "tiny", "--batches", "5", "--workers", "0", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    results = {r["loader"]: r for r in json.loads(out)["results"]}
+    assert results["shmloader"]["error"] == "RuntimeError: engine exploded"
+    assert results["torch"]["error"] is None and results["torch"]["batches_per_s"] > 0
+    assert "engine exploded" in err and closed == [True]
+
+
+# --- workloads -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_dataset_samples_match_the_workload(name: str) -> None:
+    workload = WORKLOADS[name]
+    dataset = workload.dataset(num_batches=2)
+    assert len(dataset) == 2 * workload.batch_size
+    sample = dataset[len(dataset) - 1]
+    values = sample if isinstance(sample, tuple) else (sample,)
+    assert [np.shape(v) for v in values] == [f.shape for f in workload.fields]
+    assert [np.asarray(v).dtype for v in values] == [np.dtype(f.dtype) for f in workload.fields]
+    with pytest.raises(IndexError):
+        dataset[len(dataset)]
+
+
+def test_dataset_pickles_without_its_cache() -> None:
+    dataset = WORKLOADS["big"].dataset(num_batches=1)
+    first = dataset[0]
+    payload = pickle.dumps(dataset)
+    assert len(payload) < 4096  # the 4 MiB samples do not travel to spawned workers
+    copy = pickle.loads(payload)
+    assert isinstance(copy, CachedSampleDataset) and len(copy) == len(dataset)
+    np.testing.assert_array_equal(copy[0], first)
+
+
+@pytest.mark.parametrize("page_offset", [0, 1000, PAGE_BYTES - 1])
+@pytest.mark.parametrize("nbytes", [1, 100, 4 * PAGE_BYTES, 4 * PAGE_BYTES + 200])
+def test_touch_batch_reads_every_memory_page(page_offset: int, nbytes: int) -> None:
+    buffer = np.zeros(nbytes + 3 * PAGE_BYTES, dtype=np.uint8)
+    start = (-buffer.ctypes.data) % PAGE_BYTES + page_offset  # the array begins mid-page
+    array = buffer[start : start + nbytes]
+    address = array.ctypes.data
+    base = touch_batch((array,))
+    for page in range(address // PAGE_BYTES, (address + nbytes - 1) // PAGE_BYTES + 1):
+        lo = max(0, page * PAGE_BYTES - address)
+        hi = min(nbytes, (page + 1) * PAGE_BYTES - address)
+        array[lo:hi] = 1
+        assert touch_batch({"x": [array]}) > base, f"page {page} of the array was not read"
+        array[lo:hi] = 0
+
+
+def test_touch_batch_handles_strided_arrays_and_tensors() -> None:
+    array = np.arange(4 * PAGE_BYTES, dtype=np.uint8).reshape(4, PAGE_BYTES)
+    assert touch_batch([array[:, ::2]]) == touch_batch([np.ascontiguousarray(array[:, ::2])])
+    if _torch_installed():
+        import torch
+
+        assert touch_batch([torch.from_numpy(array)]) == touch_batch([array])
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def _measurement(loader: str, seconds: float, first_s: float, error: str | None = None) -> Measurement:
+    return Measurement("tiny", 2, loader, 64, 4608, 100, seconds, first_s, 0, error)
+
+
+def test_ratios_divide_shmloader_by_torch() -> None:
+    results = [_measurement("shmloader", 1.0, 0.1), _measurement("torch", 2.0, 0.4)]
+    (ratio,) = compute_ratios(results)
+    assert ratio.batches_per_s_ratio == pytest.approx(2.0)
+    assert ratio.first_batch_ratio == pytest.approx(0.25)
+    assert "2.00x" in format_results(results)
+
+
+def test_failed_measurement_is_reported_not_divided() -> None:
+    results = [_measurement("shmloader", 0.0, 0.0, error="RuntimeError: boom"),
+               _measurement("torch", 2.0, 0.4)]  # fmt: skip
+    assert compute_ratios(results) == []
+    assert results[0].batches_per_s == 0.0
+    text = format_results(results)
+    assert "failed" in text and "RuntimeError: boom" in text

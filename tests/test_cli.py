@@ -1,0 +1,202 @@
+"""Tests of ``python -m shmloader`` (config, doctor, bench forwarding) and of shmloader.sweep.
+
+The commands run as subprocesses from the repository root with a clean ``SHMLOADER_*``
+environment; doctor runs against a temporary SHMLOADER_SHM_DIR holding fake segment files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from shmloader import __main__ as cli
+from shmloader import sweep
+from shmloader.config_fields import FIELDS
+
+REPO = Path(__file__).resolve().parents[1]
+DEAD_PID = 4_194_304 + 7  # above the largest pid_max Linux allows, so never a live process
+SMALL_RING = ["--workers", "1", "--prefetch-factor", "1", "--slot-bytes", "4KiB"]
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SHMLOADER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "shmloader", *args], cwd=REPO, env={**base, **env},
+        capture_output=True, text=True, timeout=50,
+    )
+
+
+def make_segment(directory: Path, pid: int, tag: str = "ring0", size: int = 4096) -> Path:
+    path = directory / f"shml_{pid}_{tag}"
+    path.write_bytes(b"\0" * size)
+    return path
+
+
+# -- config ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_config_prints_every_option_value_source_and_variable() -> None:
+    result = run_cli("config", SHMLOADER_NUM_WORKERS="3")
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:] if line.strip()}
+    for spec in FIELDS:
+        assert spec.name in lines and lines[spec.name][-1] == spec.env
+    assert lines["num_workers"][1:3] == ["3", "environment"]
+    assert lines["timeout"][1:3] == ["0", "default"]
+
+
+@pytest.mark.timeout(60)
+def test_config_json() -> None:
+    result = run_cli("config", "--json", SHMLOADER_SLOT_BYTES="1MiB", SHMLOADER_PIN_MEMORY="on")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert list(body) == [f.name for f in FIELDS]
+    assert body["slot_bytes"] == {"value": 1048576, "source": "environment",
+                                  "variable": "SHMLOADER_SLOT_BYTES", "note": ""}
+    assert body["pin_memory"]["value"] is True
+    assert body["multiprocessing_context"] == {"value": None, "source": "default",
+                                               "variable": "SHMLOADER_START_METHOD", "note": ""}
+
+
+@pytest.mark.timeout(60)
+def test_config_bad_value_exits_2_with_the_message() -> None:
+    result = run_cli("config", SHMLOADER_PREFETCH_FACTOR="two", SHMLOADER_NUM_WORKERS="2")
+    assert result.returncode == 2
+    assert "SHMLOADER_PREFETCH_FACTOR='two' is not an integer (expected an integer >= 1)" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.timeout(60)
+def test_config_unknown_variable_warns_with_suggestion() -> None:
+    result = run_cli("config", SHMLOADER_TIMOUT="5")
+    assert result.returncode == 0
+    assert "SHMLOADER_TIMOUT (did you mean SHMLOADER_TIMEOUT?)" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_no_command_prints_help_and_exits_2() -> None:
+    result = run_cli()
+    assert result.returncode == 2
+    assert "config" in result.stdout and "doctor" in result.stdout and "bench" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_importing_the_cli_modules_does_not_import_torch() -> None:
+    code = ("import sys, shmloader, shmloader.config, shmloader.doctor, shmloader.log, shmloader.sweep, "
+            "shmloader.__main__; assert 'torch' not in sys.modules, 'torch imported'")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50)
+    assert result.returncode == 0, result.stderr
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_doctor_reports_a_dead_owners_segment_and_clean_removes_only_it(tmp_path) -> None:
+    dead = make_segment(tmp_path, DEAD_PID)
+    live = make_segment(tmp_path, os.getpid(), "live")  # this test process: alive throughout
+    other = tmp_path / "not_ours"
+    other.write_text("")
+    env = {"SHMLOADER_SHM_DIR": str(tmp_path)}
+
+    found = run_cli("doctor", *SMALL_RING, **env)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert "[problem] leftovers" in found.stdout and dead.name in found.stdout
+    assert "doctor --clean" in found.stdout and dead.exists()
+
+    cleaned = run_cli("doctor", "--clean", *SMALL_RING, **env)
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert f"removed 1 segment(s) of dead owners (pids {DEAD_PID}" in cleaned.stdout
+    assert not dead.exists() and live.exists() and other.exists()
+
+    again = run_cli("doctor", *SMALL_RING, **env)
+    assert again.returncode == 0 and "1 segment(s) of running loaders" in again.stdout
+
+
+@pytest.mark.timeout(60)
+def test_doctor_flags_a_ring_larger_than_the_free_space(tmp_path) -> None:
+    result = run_cli("doctor", "--workers", "4", "--slot-bytes", "1000000GiB", SHMLOADER_SHM_DIR=str(tmp_path))
+    assert result.returncode == 1
+    problem = [line for line in result.stdout.splitlines() if line.startswith("[problem] shm dir")]
+    assert problem and "the ring needs" in problem[0]
+    assert "10 slots" in result.stdout and "remedy:" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_doctor_json_and_bad_variable_is_a_finding(tmp_path) -> None:
+    result = run_cli("doctor", "--json", *SMALL_RING, SHMLOADER_SHM_DIR=str(tmp_path), SHMLOADER_MAX_SLOTS="x")
+    assert result.returncode == 1
+    body = json.loads(result.stdout)
+    assert body["ring"]["slots"] == 3 and body["ring"]["ring_bytes"] == 3 * 4096
+    checks = {f["check"] for f in body["findings"]}
+    assert {"config", "shm dir", "memlock", "start methods", "cpus", "torch", "cuda", "leftovers"} <= checks
+    config = [f for f in body["findings"] if f["check"] == "config"]
+    assert config[0]["status"] == "problem" and "SHMLOADER_MAX_SLOTS='x'" in config[0]["message"]
+
+
+@pytest.mark.timeout(60)
+def test_doctor_rejects_a_bad_size_option() -> None:
+    result = run_cli("doctor", "--slot-bytes", "big")
+    assert result.returncode == 2 and "'big' is not a size" in result.stderr
+
+
+# -- bench forwarding (in process, with a stand-in bench module) -----------------------------------
+
+
+def test_bench_forwards_the_rest_of_the_command_line(monkeypatch) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("shmloader.bench")
+    fake.main = lambda argv: seen.append(argv) or 5  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "shmloader.bench", fake)
+    assert cli.main(["bench", "--workers", "2", "--help"]) == 5
+    assert seen == [["--workers", "2", "--help"]]
+
+
+# -- sweep -----------------------------------------------------------------------------------------
+
+
+def test_sweep_removes_dead_owners_segments_only(tmp_path) -> None:
+    dead = [make_segment(tmp_path, DEAD_PID, "a"), make_segment(tmp_path, DEAD_PID, "b_c")]
+    keep = [make_segment(tmp_path, os.getpid(), "live"), tmp_path / "shml_abc_x", tmp_path / "shml_0_x",
+            tmp_path / "shml_12", tmp_path / "unrelated"]
+    for path in keep[1:]:
+        path.write_text("")
+    (tmp_path / f"shml_{DEAD_PID}_dir").mkdir()
+    assert sweep.dead_segments(str(tmp_path)) == sorted(p.name for p in dead)
+    assert sweep.sweep_dead_segments(str(tmp_path)) == sorted(p.name for p in dead)
+    assert not any(p.exists() for p in dead) and all(p.exists() for p in keep)
+    assert sweep.sweep_dead_segments(str(tmp_path)) == []
+
+
+def test_sweep_tolerates_a_segment_vanishing_meanwhile(tmp_path, monkeypatch) -> None:
+    gone = make_segment(tmp_path, DEAD_PID, "gone")
+    listed = sweep.dead_segments(str(tmp_path))
+    gone.unlink()  # another sweeper got there first
+    monkeypatch.setattr(sweep, "dead_segments", lambda shm_dir: listed)
+    assert sweep.sweep_dead_segments(str(tmp_path)) == []
+
+
+def test_sweep_of_a_missing_directory_is_empty(tmp_path) -> None:
+    assert sweep.dead_segments(str(tmp_path / "missing")) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_zombie_owner_counts_as_dead(tmp_path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        segment = make_segment(tmp_path, child.pid)
+        assert sweep.sweep_dead_segments(str(tmp_path)) == [segment.name]
+    finally:
+        child.wait()
+
+
+def test_owner_of() -> None:
+    assert sweep.owner_of("shml_123_x_y") == 123
+    assert sweep.owner_of("shml_123") is None and sweep.owner_of("psm_123_x") is None

@@ -1,0 +1,334 @@
+"""Tests of shmloader.config, shmloader.config_fields and shmloader.log: resolution order,
+provenance, every bad value of every variable, unknown-name warnings, logging levels."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import warnings
+from pathlib import Path
+
+import pytest
+
+from shmloader.config import Config, ConfigWarning, describe, known_variables, register_variable, resolve_config
+from shmloader.config_fields import FIELDS, FIELDS_BY_NAME, env_name, parse_size
+from shmloader.errors import ConfigError
+from shmloader.log import apply_log_level, logger
+
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = {"SHMLOADER_NUM_WORKERS": "2"}  # so worker-only variables are used, not ignored
+
+
+def resolve_quiet(explicit: dict, environ: dict) -> Config:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)  # no test here expects an unknown variable
+        return resolve_config(explicit, environ)
+
+
+# -- resolution order and provenance ---------------------------------------------------------------
+
+
+def test_nothing_set_gives_the_defaults_with_default_provenance() -> None:
+    config = resolve_quiet({}, {})
+    assert config == Config()
+    assert all(getattr(config, f.name) == f.default for f in FIELDS)
+    assert set(config.provenance.values()) == {"default"}
+    assert set(config.provenance) == {f.name for f in FIELDS}
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_environment_fills_an_unset_option(spec) -> None:
+    config = resolve_quiet({}, {**WORKERS, spec.env: spec.example})
+    assert getattr(config, spec.name) == spec.from_env(spec.example)
+    assert config.provenance[spec.name] == "environment"
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_explicit_argument_wins_over_environment(spec) -> None:
+    given = spec.from_env(spec.example)
+    config = resolve_quiet({spec.name: given}, {**WORKERS, spec.env: spec.example})
+    assert getattr(config, spec.name) == given
+    assert config.provenance[spec.name] == "argument"
+
+
+def test_environment_fills_only_what_the_caller_left_unset() -> None:
+    env = {"SHMLOADER_NUM_WORKERS": "8", "SHMLOADER_TIMEOUT": "2.5", "SHMLOADER_PIN_MEMORY": "yes"}
+    config = resolve_quiet({"num_workers": 3}, env)
+    assert (config.num_workers, config.timeout, config.pin_memory) == (3, 2.5, True)
+    assert config.provenance["num_workers"] == "argument"
+    assert config.provenance["timeout"] == config.provenance["pin_memory"] == "environment"
+    assert config.provenance["in_order"] == "default"
+
+
+def test_torch_options_passed_as_arguments_are_kept_as_given() -> None:
+    context = multiprocessing.get_context("spawn")
+    config = resolve_quiet({"num_workers": -1, "prefetch_factor": 0, "multiprocessing_context": context}, {})
+    assert config.num_workers == -1 and config.prefetch_factor == 0
+    assert config.multiprocessing_context is context
+
+
+def test_environment_is_read_at_call_time(monkeypatch) -> None:
+    monkeypatch.setenv("SHMLOADER_MAX_SLOTS", "7")
+    assert resolve_config({}).max_slots == 7
+    monkeypatch.setenv("SHMLOADER_MAX_SLOTS", "9")
+    assert resolve_config({}).max_slots == 9
+
+
+def test_unknown_explicit_option_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="batch_size"):
+        resolve_config({"batch_size": 4}, {})
+
+
+@pytest.mark.parametrize("name", ["prefetch_factor", "persistent_workers"])
+def test_worker_only_environment_values_are_ignored_without_workers(name) -> None:
+    spec = FIELDS_BY_NAME[name]
+    config = resolve_quiet({}, {spec.env: spec.example})
+    assert getattr(config, name) == spec.default
+    assert config.provenance[name] == "default"
+    assert config.notes[name] == f"{spec.env}={spec.example!r} ignored: num_workers is 0"
+    with_workers = resolve_quiet({"num_workers": 2}, {spec.env: spec.example})
+    assert with_workers.provenance[name] == "environment" and not with_workers.notes
+
+
+def test_config_pickles_and_compares_equal() -> None:
+    config = resolve_quiet({"num_workers": 2}, {"SHMLOADER_SLOT_BYTES": "1MiB"})
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy == config and copy.provenance == config.provenance
+
+
+def test_describe_gives_one_row_per_field_in_order() -> None:
+    config = resolve_quiet({"num_workers": 2}, {"SHMLOADER_LOG_LEVEL": "info"})
+    rows = describe(config)
+    assert [r.name for r in rows] == [f.name for f in FIELDS]
+    by_name = {r.name: r for r in rows}
+    assert by_name["num_workers"][:4] == ("num_workers", 2, "argument", "SHMLOADER_NUM_WORKERS")
+    assert by_name["log_level"][:4] == ("log_level", "INFO", "environment", "SHMLOADER_LOG_LEVEL")
+    assert by_name["multiprocessing_context"].variable == "SHMLOADER_START_METHOD"
+
+
+def test_variable_names() -> None:
+    assert env_name("multiprocessing_context") == "SHMLOADER_START_METHOD"
+    assert [f.env for f in FIELDS if f.name != "multiprocessing_context"] == [
+        "SHMLOADER_" + f.name.upper() for f in FIELDS if f.name != "multiprocessing_context"
+    ]
+
+
+# -- value syntax ----------------------------------------------------------------------------------
+
+TRUE_SPELLINGS = ["1", "true", "True", "TRUE", "yes", "Yes", "on", "ON", " true "]
+FALSE_SPELLINGS = ["0", "false", "False", "no", "NO", "off", "Off", " 0 "]
+
+
+@pytest.mark.parametrize("raw", TRUE_SPELLINGS)
+def test_boolean_true_spellings(raw) -> None:
+    assert resolve_quiet({}, {"SHMLOADER_PIN_MEMORY": raw}).pin_memory is True
+
+
+@pytest.mark.parametrize("raw", FALSE_SPELLINGS)
+def test_boolean_false_spellings(raw) -> None:
+    assert resolve_quiet({}, {"SHMLOADER_IN_ORDER": raw}).in_order is False
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [("4096", 4096), ("0", 0), ("64KiB", 64 * 1024), ("64k", 64 * 1024), ("64MiB", 64 * 1024**2),
+     ("64M", 64 * 1024**2), ("1GiB", 1024**3), ("100MB", 100 * 10**6), ("2 GiB", 2 * 1024**3),
+     ("1_000", 1000), ("5kB", 5000)],
+)
+def test_sizes(raw, expected) -> None:
+    assert parse_size(raw) == expected
+    assert resolve_quiet({}, {"SHMLOADER_SLOT_BYTES": raw}).slot_bytes == expected
+
+
+def test_log_level_is_case_insensitive_and_normalised() -> None:
+    assert resolve_quiet({}, {"SHMLOADER_LOG_LEVEL": "debug"}).log_level == "DEBUG"
+
+
+def test_shm_dir_accepts_an_existing_directory(tmp_path) -> None:
+    assert resolve_quiet({}, {"SHMLOADER_SHM_DIR": str(tmp_path)}).shm_dir == str(tmp_path)
+
+
+# -- every bad value of every variable -------------------------------------------------------------
+
+BAD_VALUES = [
+    ("SHMLOADER_NUM_WORKERS", "two", "is not an integer (expected an integer >= 0)"),
+    ("SHMLOADER_NUM_WORKERS", "1.5", "is not an integer (expected an integer >= 0)"),
+    ("SHMLOADER_NUM_WORKERS", "-1", "is out of range (expected an integer >= 0)"),
+    ("SHMLOADER_PREFETCH_FACTOR", "two", "is not an integer (expected an integer >= 1)"),
+    ("SHMLOADER_PREFETCH_FACTOR", "0", "is out of range (expected an integer >= 1)"),
+    ("SHMLOADER_PERSISTENT_WORKERS", "maybe", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
+    ("SHMLOADER_PERSISTENT_WORKERS", "2", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
+    ("SHMLOADER_START_METHOD", "thread", "is not a start method (expected one of fork, spawn, forkserver)"),
+    ("SHMLOADER_START_METHOD", "Spawn", "is not a start method (expected one of fork, spawn, forkserver)"),
+    ("SHMLOADER_TIMEOUT", "soon", "is not a number (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_TIMEOUT", "-1", "is out of range (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_TIMEOUT", "inf", "is not finite (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_TIMEOUT", "nan", "is not finite (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_IN_ORDER", "sometimes", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
+    ("SHMLOADER_PIN_MEMORY", "yes please", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
+    ("SHMLOADER_SLOT_BYTES", "64 parsecs", "is not a size (expected bytes as an integer >= 0"),
+    ("SHMLOADER_SLOT_BYTES", "-1", "is not a size (expected bytes as an integer >= 0"),
+    ("SHMLOADER_SLOT_BYTES", "1.5MiB", "is not a size (expected bytes as an integer >= 0"),
+    ("SHMLOADER_SLOT_BYTES", "MiB", "is not a size (expected bytes as an integer >= 0"),
+    ("SHMLOADER_MAX_SLOTS", "many", "is not an integer (expected an integer >= 0)"),
+    ("SHMLOADER_MAX_SLOTS", "-3", "is out of range (expected an integer >= 0)"),
+    ("SHMLOADER_SHM_DIR", "/no/such/shm/dir", "is not an existing directory (expected an existing directory)"),
+    ("SHMLOADER_ON_WORKER_DEATH", "retry", "is not a worker-death policy (expected one of raise, restart)"),
+    ("SHMLOADER_ON_WORKER_DEATH", "RAISE", "is not a worker-death policy (expected one of raise, restart)"),
+    ("SHMLOADER_MAX_RESTARTS", "x", "is not an integer (expected an integer >= 0)"),
+    ("SHMLOADER_MAX_RESTARTS", "-1", "is out of range (expected an integer >= 0)"),
+    ("SHMLOADER_MAX_TASK_ATTEMPTS", "three", "is not an integer (expected an integer >= 1)"),
+    ("SHMLOADER_MAX_TASK_ATTEMPTS", "0", "is out of range (expected an integer >= 1)"),
+    ("SHMLOADER_TASK_SEEDING", "seeded", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
+    ("SHMLOADER_TASK_TIMEOUT_S", "5m", "is not a number (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_TASK_TIMEOUT_S", "-0.5", "is out of range (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_LOG_LEVEL", "LOUD", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    ("SHMLOADER_LOG_LEVEL", "verbose", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+]
+
+
+@pytest.mark.parametrize("variable, raw, words", BAD_VALUES, ids=lambda v: str(v)[:24])
+def test_bad_environment_value_names_variable_value_and_what_is_accepted(variable, raw, words) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_quiet({}, {**WORKERS, variable: raw})
+    assert str(info.value).startswith(f"{variable}={raw!r} {words}")
+    assert info.value.name == variable and info.value.value == raw
+    assert isinstance(info.value, ValueError)
+
+
+def test_bad_shm_dir_that_is_a_file(tmp_path) -> None:
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"^SHMLOADER_SHM_DIR='.*file' is not an existing directory"):
+        resolve_quiet({}, {"SHMLOADER_SHM_DIR": str(path)})
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_every_variable_has_bad_values_tested(spec) -> None:
+    assert any(variable == spec.env for variable, _raw, _words in BAD_VALUES)
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_empty_value_of_every_variable_is_an_error(spec, raw) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_quiet({}, {**WORKERS, spec.env: raw})
+    assert str(info.value) == (f"{spec.env}={raw!r} is empty (expected {spec.accepts}) "
+                               "(or unset the variable to use the default)")
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_documented_example_parses(spec) -> None:
+    spec.from_env(spec.example)  # raises ConfigError if docs and parser disagree
+    assert spec.env in known_variables()
+
+
+# -- shmloader's own options passed as arguments ---------------------------------------------------
+
+BAD_ARGUMENTS = [
+    ("slot_bytes", -1, "slot_bytes=-1 is out of range"),
+    ("slot_bytes", "lots", "slot_bytes='lots' is not a size"),
+    ("slot_bytes", 1.5, "slot_bytes=1.5 is not an integer"),
+    ("max_slots", -1, "max_slots=-1 is out of range (expected an integer >= 0)"),
+    ("max_slots", True, "max_slots=True is not an integer"),
+    ("shm_dir", "/no/such/shm/dir", "shm_dir='/no/such/shm/dir' is not an existing directory"),
+    ("shm_dir", 3, "shm_dir=3 is not a path"),
+    ("on_worker_death", "ignore", "on_worker_death='ignore' is not a worker-death policy (expected one of raise, restart)"),
+    ("on_worker_death", None, "on_worker_death=None is not a string"),
+    ("max_restarts", -2, "max_restarts=-2 is out of range"),
+    ("max_task_attempts", 0, "max_task_attempts=0 is out of range (expected an integer >= 1)"),
+    ("task_seeding", 1, "task_seeding=1 is not a boolean"),
+    ("task_timeout_s", -1, "task_timeout_s=-1 is out of range"),
+    ("task_timeout_s", float("inf"), "task_timeout_s=inf is not finite"),
+    ("task_timeout_s", "5", "task_timeout_s='5' is not a number"),
+    ("log_level", "LOUD", "log_level='LOUD' is not a log level"),
+]
+
+
+@pytest.mark.parametrize("name, value, start", BAD_ARGUMENTS, ids=lambda v: str(v)[:20])
+def test_bad_own_argument_names_the_argument(name, value, start) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_quiet({name: value}, {})
+    assert str(info.value).startswith(start)
+    assert info.value.name == name
+
+
+def test_own_arguments_are_normalised_where_documented(tmp_path) -> None:
+    config = resolve_quiet({"slot_bytes": "2MiB", "log_level": "info", "shm_dir": tmp_path}, {})
+    assert (config.slot_bytes, config.log_level, config.shm_dir) == (2 * 1024**2, "INFO", str(tmp_path))
+
+
+# -- unknown variables -----------------------------------------------------------------------------
+
+
+def test_unknown_variable_warns_once_with_the_closest_valid_name() -> None:
+    env = {"SHMLOADER_NUM_WORKRS": "4", "SHMLOADER_PREFETCH": "2", "HOME": "/"}
+    with pytest.warns(ConfigWarning) as caught:
+        config = resolve_config({}, env)
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "SHMLOADER_NUM_WORKRS (did you mean SHMLOADER_NUM_WORKERS?)" in text
+    assert "SHMLOADER_PREFETCH (did you mean SHMLOADER_PREFETCH_FACTOR?)" in text
+    assert config.num_workers == 0
+
+
+def test_unknown_variable_far_from_any_name_is_named_without_suggestion() -> None:
+    with pytest.warns(ConfigWarning, match=r"ignored: SHMLOADER_ZZZZZZZZZZZZZZZZZZZZZZ\. "):
+        resolve_config({}, {"SHMLOADER_ZZZZZZZZZZZZZZZZZZZZZZ": "1"})
+
+
+def test_known_and_registered_variables_do_not_warn() -> None:
+    register_variable("SHMLOADER_TEST_ONLY_KNOB", "a variable read by a test")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_config({}, {"SHMLOADER_TEST_ONLY_KNOB": "1", "SHMLOADER_NUM_WORKERS": "1", "OTHER": "x"})
+    with pytest.raises(ValueError, match="does not start with SHMLOADER_"):
+        register_variable("OTHER_KNOB", "not ours")
+
+
+# -- docs ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_docs_list_every_field(spec) -> None:
+    text = (REPO / "docs" / "config.md").read_text()
+    section = text.split(f"### `{spec.env}`", 1)
+    assert len(section) == 2, f"docs/config.md has no section for {spec.env}"
+    body = section[1].split("###", 1)[0]
+    for fact in (f"`{spec.name}`", spec.type, f"`{spec.default!r}`", spec.meaning, f"`{spec.env}={spec.example}`"):
+        assert fact in body
+
+
+# -- logging ---------------------------------------------------------------------------------------
+
+
+def test_logger_prints_nothing_by_default() -> None:
+    assert logger.name == "shmloader"
+    assert any(isinstance(h, logging.NullHandler) for h in logger.handlers)
+
+
+def test_apply_log_level_sets_the_level_and_rejects_bad_names() -> None:
+    try:
+        assert apply_log_level("info") == logging.INFO
+        assert logger.level == logging.INFO
+        assert apply_log_level(logging.ERROR) == logging.ERROR
+        with pytest.raises(ConfigError, match="log_level='LOUD' is not a log level") as info:
+            apply_log_level("LOUD")
+        assert info.value.name == "log_level"
+    finally:
+        apply_log_level("WARNING")
+
+
+def test_verbose_level_attaches_one_stderr_handler_only_without_root_handlers(monkeypatch) -> None:
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    before = list(logger.handlers)
+    try:
+        apply_log_level("DEBUG")
+        apply_log_level("DEBUG")
+        added = [h for h in logger.handlers if h not in before]
+        assert len(added) == 1 and isinstance(added[0], logging.StreamHandler)
+        apply_log_level("WARNING")
+        assert logger.handlers == before
+    finally:
+        apply_log_level("WARNING")
