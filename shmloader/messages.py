@@ -15,9 +15,24 @@ broke out of a loop with persistent workers) is recognised and its slot reclaime
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+C = TypeVar("C")
 
 
+def _compact(cls: type[C]) -> type[C]:
+    """Pickle as (class, field values): 5x cheaper than the slots dataclass default (hot path)."""
+    names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+
+    def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
+        return cls, tuple(getattr(self, n) for n in names)
+
+    cls.__reduce__ = __reduce__  # type: ignore[method-assign, assignment]
+    return cls
+
+
+@_compact
 @dataclass(frozen=True, slots=True)
 class SlotRef:
     """Which segment a worker must write: the slot id, segment name and its size."""
@@ -27,6 +42,7 @@ class SlotRef:
     size_bytes: int
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Task:
     epoch: int
@@ -36,22 +52,26 @@ class Task:
     seed: int | None = None  # per-task seeding (base_seed, task) when enabled
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Reset:
     epoch: int
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Detach:
     names: tuple[str, ...]
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Ready:
     worker_id: int
     pid: int
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Filled:
     epoch: int
@@ -63,6 +83,7 @@ class Filled:
     collate_s: float
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class TooSmall:
     epoch: int
@@ -71,6 +92,7 @@ class TooSmall:
     needed_bytes: int
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Failed:
     epoch: int
@@ -80,6 +102,7 @@ class Failed:
     traceback: str
 
 
+@_compact
 @dataclass(frozen=True, slots=True)
 class Exhausted:
     epoch: int
