@@ -22,15 +22,19 @@ from .errors import (
     ConfigError,
     DescriptorError,
     LoaderError,
+    PluginError,
     PoisonTask,
     RestartBudgetExceeded,
     RingExhausted,
     ShmSpaceError,
+    StateError,
     WorkerDied,
     WorkerHung,
     WorkerTimeout,
 )
+from .hookspecs import hookimpl
 from .loader import DataLoader
+from .prefetch import to_device
 from .samplers import (
     BatchSampler,
     DistributedSampler,
@@ -46,9 +50,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
-    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderError", "PoisonTask", "RandomSampler",
-    "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "StackDataset",
+    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderError", "PluginError", "PoisonTask", "RandomSampler",
+    "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "StackDataset", "StateError",
     "Subset", "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler", "WorkerDied", "WorkerHung",
-    "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert", "get_worker_info", "random_split",
-    "__version__",
+    "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert", "get_worker_info", "hookimpl", "random_split",
+    "to_device", "__version__",
 ]

@@ -76,7 +76,7 @@ class Workload:
         return CachedSampleDataset(self.fields, num_batches * self.batch_size)
 
 
-# Default batch counts keep a default run (3 workloads x workers 0,2 x 2 loaders) near a minute
+# Default batch counts keep a default run (3 workloads x workers 0,2 x 2 loaders) under a minute
 # on 2 cores; see docs/performance.md.
 WORKLOADS: dict[str, Workload] = {
     w.name: w
@@ -85,21 +85,21 @@ WORKLOADS: dict[str, Workload] = {
             "tiny",
             (Field((16,), "float32"), Field((), "int64")),
             batch_size=64,
-            default_batches=2000,
+            default_batches=3000,
             description="float32[16] + int64 label",
         ),
         Workload(
             "image",
             (Field((224, 224, 3), "uint8"), Field((), "int64")),
             batch_size=64,
-            default_batches=300,
+            default_batches=400,
             description="uint8[224,224,3] + int64 label",
         ),
         Workload(
             "big",
             (Field((1024, 1024), "float32"),),
             batch_size=16,
-            default_batches=60,
+            default_batches=80,
             description="float32[1024,1024]",
         ),
     )
@@ -265,13 +265,16 @@ def _shmloader_pinned_batch(workload: Workload) -> Iterator[Any]:
     import torch
 
     loader_class: Any = getattr(shmloader, "DataLoader")
-    loader = loader_class(workload.dataset(1), batch_size=workload.batch_size, pin_memory=True)
+    # one worker, so the batch really lives in a (pinned) slot; the iterator is kept open meanwhile
+    loader = loader_class(workload.dataset(workload.batch_size), batch_size=workload.batch_size,
+                          pin_memory=True, num_workers=1, persistent_workers=True)
     try:
-        batch = next(iter(loader))
+        it = iter(loader)
+        batch = next(it)
         array = max(iter_arrays(batch), key=lambda a: a.nbytes)
         yield torch.from_numpy(array) if isinstance(array, np.ndarray) else array
     finally:
-        batch = array = None
+        batch = array = it = None
         close = getattr(loader, "close", None)
         if callable(close):
             close()

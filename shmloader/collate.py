@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
-"""``alloc(shape, dtype)`` returns a writable, C-contiguous, uninitialised array; may raise SlotFull."""
+"""``alloc(shape, dtype)``: a writable, C-contiguous, uninitialised array; may raise SlotFull."""
 
 
 class SlotFull(Exception):
@@ -103,7 +103,7 @@ class CollateContext:
         return "batch" + "".join(self._segments)
 
     def collate(self, batch: Sequence[Any], where: str = "") -> Any:
-        """Collate a nested field; ``where`` extends the path (``"['image']"``, ``"[0]"``, ``".x"``)."""
+        """Collate a nested field; ``where`` extends the path: ``"['image']"``, ``"[0]"``, ``".x"``."""
         if not where:
             return find_rule(type(batch[0]), self.rules, self.to_torch)(batch, self)
         self._segments.append(where)
@@ -219,7 +219,7 @@ def collate(
 ) -> Any:
     """Collate a list of samples into one batch, asking ``alloc`` for every output array."""
     if to_torch:
-        import torch  # noqa: F401, PLC0415  (torch mode needs it; lazy for import shmloader)
+        _import_torch()  # torch mode makes tensors; imported only now, not with shmloader
     ctx = CollateContext(alloc, to_torch, rules)
     return find_rule(type(batch[0]), rules, to_torch)(batch, ctx)
 
@@ -230,7 +230,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
 
 
 def torch_default_collate(batch: Sequence[Any]) -> Any:
-    """Exactly what ``torch.utils.data.default_collate`` returns (``collate(batch, to_torch=True)``)."""
+    """What ``torch.utils.data.default_collate`` returns: ``collate(batch, to_torch=True)``."""
     return collate(batch, to_torch=True)
 
 
@@ -244,10 +244,13 @@ def default_convert(data: Any, *, to_torch: bool = False) -> Any:
     arrays and scalars become tensors (``torch.as_tensor``, sharing memory where torch does),
     except arrays of strings or objects; in numpy mode every leaf is returned unchanged.
     """
-    torch = None
-    if to_torch:
-        import torch  # noqa: PLC0415  (lazy for import shmloader)
-    return _convert(data, torch)
+    return _convert(data, _import_torch() if to_torch else None)
+
+
+def _import_torch() -> Any:
+    import torch  # noqa: PLC0415  (lazy: import shmloader must not import torch)
+
+    return torch
 
 
 def _convert(data: Any, torch: Any) -> Any:
@@ -278,7 +281,8 @@ def _convert_mapping(data: Mapping[Any, Any], torch: Any) -> Any:
             clone = copy.copy(data)
             clone.update({key: _convert(data[key], torch) for key in data})
             return clone
-        return type(data)({key: _convert(data[key], torch) for key in data})
+        converted = {key: _convert(data[key], torch) for key in data}
+        return type(data)(converted)  # type: ignore[call-arg]
     except TypeError:
         return {key: _convert(data[key], torch) for key in data}
 

@@ -128,7 +128,7 @@ def check_array_dtype(elem: np.ndarray, ctx: CollateContext) -> None:
 
 
 def stack_checked(batch: Sequence[Any], out: np.ndarray, ctx: CollateContext) -> np.ndarray:
-    """Stack the samples into ``out`` (shaped after entry 0); unequal shapes raise CollateShapeError.
+    """Stack the samples into ``out`` (shaped after entry 0); unequal shapes: CollateShapeError.
 
     numpy checks every dimension but the first; the first is checked here, by ``len``.
     """

@@ -191,7 +191,8 @@ def _scalar_type_ok(elem: Any) -> bool:
             expected = _torch().as_tensor([elem]).dtype
         except (TypeError, ValueError, RuntimeError):  # e.g. uint64: torch raises; replay it
             expected = None
-        _scalar_ok[tp] = expected is not None and torch_dtype_of(np.asarray([elem]).dtype) == expected
+        made = torch_dtype_of(np.asarray([elem]).dtype)
+        _scalar_ok[tp] = expected is not None and made == expected
     return _scalar_ok[tp]
 
 

@@ -12,9 +12,11 @@ Every error raised while loading subclasses something a torch user already catch
     │       │   └── WorkerHung      a worker exceeded the per-task deadline and was killed
     │       ├── ShmSpaceError       the ring does not fit in the shared-memory directory
     │       ├── RingExhausted       the ring hit its slot limit while the user holds every slot
-    │       └── DescriptorError     a worker's descriptor failed validation (bug or corruption)
+    │       ├── DescriptorError     a worker's descriptor failed validation (bug or corruption)
+    │       └── PluginError         a plugin was refused at registration or raised inside a hook
     └── ValueError
-        └── ConfigError             a bad ``SHMLOADER_*`` value or loader option
+        ├── ConfigError             a bad ``SHMLOADER_*`` value or loader option
+        └── StateError              a resume state cannot be saved, or does not fit this loader
 
 An exception raised by user code inside a worker (dataset, collate_fn, worker_init_fn) is re-raised
 in the main process with its own type and torch's wording ("Caught KeyError in DataLoader worker
@@ -42,6 +44,8 @@ __all__ = [
     "RingExhausted",
     "DescriptorError",
     "ConfigError",
+    "PluginError",
+    "StateError",
     "describe_exit",
     "format_indices",
     "format_tasks",
@@ -137,6 +141,31 @@ class RingExhausted(LoaderError):
 
 class DescriptorError(LoaderError):
     """A descriptor named a slot or a region that fails validation; nothing was viewed."""
+
+
+class PluginError(LoaderError):
+    """A plugin failed: at registration (validation) or inside one of its hooks.
+
+    Attributes: ``plugin`` (its name: entry-point name, module name or class name) and ``hook``
+    (the hook's name, or None when the plugin as a whole was refused).
+    """
+
+    def __init__(self, message: str, *, plugin: str, hook: str | None) -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.hook = hook
+
+
+class StateError(ValueError):
+    """A state cannot be saved, or cannot be loaded into this loader.
+
+    ``saved`` and ``current`` hold both sides of a mismatch (None when not a mismatch).
+    """
+
+    def __init__(self, message: str, saved: Any = None, current: Any = None) -> None:
+        super().__init__(message)
+        self.saved = saved
+        self.current = current
 
 
 class ConfigError(ValueError):

@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from .errors import (
     PoisonTask,
@@ -27,6 +28,10 @@ from .errors import (
 
 Tasks = Mapping[int, Sequence[int] | None]
 
+# A worker's start-up (unpickling the dataset, importing, worker_init_fn) may legitimately take far
+# longer than one task, above all under spawn; with task_timeout_s set, it gets at least this long.
+START_TIMEOUT_FLOOR_S = 30.0
+
 
 @dataclass(frozen=True)
 class FaultPolicy:
@@ -39,15 +44,24 @@ class FaultPolicy:
     def restart(self) -> bool:
         return self.on_worker_death == "restart"
 
+    def deadline_s(self, ready: bool) -> float:
+        """How long a worker may hold its oldest task without a reply; 0 is no deadline.
+
+        A worker still starting gets ``max(task_timeout_s, START_TIMEOUT_FLOOR_S)``.
+        """
+        if self.task_timeout_s <= 0 or ready:
+            return self.task_timeout_s
+        return max(self.task_timeout_s, START_TIMEOUT_FLOOR_S)
+
 
 def hints(shm_dir: str, exitcode: int | None) -> list[str]:
     """Guesses about a death, each backed by a measurement; empty when nothing points anywhere."""
     found: list[str] = []
     if exitcode == -signal.SIGKILL:
-        oom = _cgroup_oom_kills()
-        if oom:
-            found.append(f"hint: the cgroup's memory.events counts {oom} OOM kill(s); the worker may have "
-                         "run out of memory")
+        now = _cgroup_oom_kills()
+        if now > _OOM_KILLS_AT_START:
+            found.append(f"hint: the cgroup's oom_kill count rose from {_OOM_KILLS_AT_START} to {now} while "
+                         "this process ran; the kernel's OOM killer may have killed the worker")
     if exitcode == -signal.SIGBUS:
         free = shm_free_bytes(shm_dir)
         if free is not None:
@@ -64,6 +78,7 @@ def shm_free_bytes(shm_dir: str) -> int | None:
 
 
 def _cgroup_oom_kills() -> int:
+    """The cgroup's count of OOM kills (v2 ``memory.events`` or v1 ``memory.oom_control``); 0 if unreadable."""
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
         try:
             with open(path) as f:
@@ -76,35 +91,61 @@ def _cgroup_oom_kills() -> int:
     return 0
 
 
+def _attr(tasks: Tasks) -> Mapping[int, Sequence[int]]:
+    """The ``tasks`` attribute of an error (an iterable dataset's tasks have None for indices)."""
+    return cast("Mapping[int, Sequence[int]]", tasks)
+
+
+def _held(tasks: Tasks, starting: bool) -> str:
+    """Where the worker was: starting, idle, or running its oldest task (and what else it held)."""
+    items = list(tasks.items())
+    rest = "; ".join(f"task {t} (sample indices {format_indices(i)})" for t, i in items[1:])
+    if starting:
+        waiting = f"; tasks waiting for it: {format_tasks(tasks)}" if tasks else ""
+        return ("while starting (loading the dataset, seeding, running worker_init_fn), before it took a "
+                f"task{waiting}")
+    if not items:
+        return "while idle (it held no task)"
+    task, indices = items[0]
+    return (f"while running task {task} (sample indices {format_indices(indices)})"
+            + (f"; it also held {rest}" if rest else ""))
+
+
 def died(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
-         *, iterable: bool = False) -> WorkerDied:
-    """torch's "DataLoader worker ... exited unexpectedly", with worker, pid, cause and tasks."""
+         *, iterable: bool = False, starting: bool = False) -> WorkerDied:
+    """torch's "DataLoader worker ... exited unexpectedly", with worker, pid, cause and tasks.
+
+    ``tasks`` is in the worker's order: the first is the one it was running.
+    """
     lines = [
-        f"DataLoader worker {worker_id} (pid(s) {pid}) exited unexpectedly with {describe_exit(exitcode)}.",
-        f"It held {format_tasks(tasks)}." if tasks else "It held no task.",
+        f"DataLoader worker {worker_id} (pid {pid}) exited unexpectedly with {describe_exit(exitcode)} "
+        f"{_held(tasks, starting)}.",
         *hints(shm_dir, exitcode),
     ]
     if iterable:
-        lines.append("An IterableDataset worker cannot be restarted: its iterator's position died with it.")
+        lines.append("A worker of an IterableDataset cannot be restarted, even with "
+                     "on_worker_death='restart': its position in the stream died with it.")
     else:
         lines.append("To replace dead workers and re-run their tasks, pass on_worker_death='restart' "
                      "(or set SHMLOADER_ON_WORKER_DEATH=restart).")
-    return WorkerDied("\n".join(lines), worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=tasks)
+    return WorkerDied("\n".join(lines), worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
 
 
 def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks,
-                 max_restarts: int) -> RestartBudgetExceeded:
-    msg = (f"DataLoader worker {worker_id} (pid(s) {pid}) exited unexpectedly with {describe_exit(exitcode)}, "
-           f"and the restart budget of {max_restarts} restarts this epoch is spent. It held "
-           f"{format_tasks(tasks)}. Raise max_restarts (SHMLOADER_MAX_RESTARTS) or find what kills workers.")
-    return RestartBudgetExceeded(msg, worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=tasks)
+                 max_restarts: int, *, starting: bool = False) -> RestartBudgetExceeded:
+    msg = (f"DataLoader worker {worker_id} (pid {pid}) exited unexpectedly with {describe_exit(exitcode)} "
+           f"{_held(tasks, starting)}, and the restart budget of max_restarts={max_restarts} restarts this "
+           "epoch is spent. Raise max_restarts (SHMLOADER_MAX_RESTARTS) or find what kills workers.")
+    return RestartBudgetExceeded(msg, worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
 
 
 def poison(task: int, indices: Sequence[int] | None, attempts: int, deaths: Sequence[str]) -> PoisonTask:
     msg = (f"task {task} (sample indices {format_indices(indices)}) killed its worker on each of "
            f"{attempts} attempts and is not retried again: " + "; ".join(deaths) +
            ". Check those samples; max_task_attempts (SHMLOADER_MAX_TASK_ATTEMPTS) sets the bound.")
-    return PoisonTask(msg, task=task, indices=list(indices or []), attempts=attempts, deaths=deaths)
+    exc = PoisonTask(msg, task=task, indices=list(indices or []), attempts=attempts, deaths=deaths)
+    exc.tasks = {task: list(indices or [])}  # type: ignore[attr-defined]  # as the other errors carry it
+    return exc
 
 
 def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None]) -> WorkerTimeout:
@@ -113,12 +154,24 @@ def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | No
     msg = (f"DataLoader timed out after {timeout_s} seconds. Outstanding: {format_tasks(tasks)}"
            + (f"; held by {held}" if held else "") + ". The loader was shut down cleanly; iterate again "
            "to start over, or raise timeout=.")
-    return WorkerTimeout(msg, timeout_s=timeout_s, tasks=tasks)
+    return WorkerTimeout(msg, timeout_s=timeout_s, tasks=_attr(tasks))
 
 
 def hung(worker_id: int, pid: int | None, task: int, indices: Sequence[int] | None,
-         deadline_s: float) -> WorkerHung:
-    msg = (f"DataLoader worker {worker_id} (pid {pid}) spent more than task_timeout_s={deadline_s} "
-           f"seconds on task {task} (sample indices {format_indices(indices)}) and was killed. "
-           "Pass on_worker_death='restart' to retry the task in a new worker.")
+         deadline_s: float, *, starting: bool = False, iterable: bool = False) -> WorkerHung:
+    """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader killed."""
+    held = f"task {task} (sample indices {format_indices(indices)})"
+    if starting:
+        what = (f"more than {deadline_s} seconds on start-up (loading the dataset, seeding, running "
+                f"worker_init_fn; the start-up deadline is max(task_timeout_s, {START_TIMEOUT_FLOOR_S})) before "
+                f"it could take {held}")
+    else:
+        what = f"more than task_timeout_s={deadline_s} seconds on {held}"
+    advice = ("A worker of an IterableDataset cannot be restarted." if iterable else
+              "Pass on_worker_death='restart' to retry the task in a new worker, or raise task_timeout_s "
+              "(SHMLOADER_TASK_TIMEOUT_S).")
+    msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL. {advice}"
     return WorkerHung(msg, timeout_s=deadline_s, tasks={task: list(indices or [])}, worker_id=worker_id, pid=pid)
+
+
+_OOM_KILLS_AT_START = _cgroup_oom_kills()

@@ -18,13 +18,13 @@ import functools
 import inspect
 import math
 import multiprocessing
-import os
 import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
 
 from . import collate as _collate
+from . import loader_checks as checks
 from . import pinning
 from .config import resolve_config
 from .datasets import is_iterable_dataset
@@ -80,6 +80,9 @@ class DataLoader(Generic[T_co]):
 
     _to_torch = False
     __initialized = False
+    _epoch_count = 0  # epochs started (state.py numbers epochs with it; load_state_dict restores it)
+    _record: Any = None  # the latest epoch's state.EpochRecord
+    _resume: Any = None  # a loaded mid-epoch state.Resume, used by the next iter()
 
     @_records_explicit
     def __init__(
@@ -118,7 +121,7 @@ class DataLoader(Generic[T_co]):
         apply_log_level(cfg.log_level)
         num_workers, timeout, prefetch_factor = cfg.num_workers, cfg.timeout, cfg.prefetch_factor
         persistent_workers = cfg.persistent_workers
-        _check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
+        checks.check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         self._config = cfg
@@ -132,8 +135,8 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = cfg.multiprocessing_context
         self.in_order = cfg.in_order
         self._is_iterable = is_iterable_dataset(dataset)
-        batch_size, shuffle, drop_last = self._check_sampling(dataset, batch_size, shuffle, sampler,
-                                                              batch_sampler, drop_last)
+        batch_size, shuffle, drop_last = checks.check_sampling(self._is_iterable, batch_size, shuffle, sampler,
+                                                               batch_sampler, drop_last)
         if batch_sampler is not None:
             batch_size, drop_last = None, False
         if sampler is None:
@@ -153,7 +156,7 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = collate_fn if collate_fn is not None else self._default_collate_fn()
         self.persistent_workers = persistent_workers
         self._plugins = build_plugin_manager(plugins)
-        self._events = Events(self._plugins.hook)
+        self._events = Events(self._plugins)
         self._pinner: pinning.PinBackend | None = None
         self._iterator: BaseIter | None = None
         self._IterableDataset_len_called: int | None = None
@@ -161,78 +164,22 @@ class DataLoader(Generic[T_co]):
         self.check_worker_number_rationality()
 
     # -- validation (torch's order, types and messages) -----------------------------------------
-    def _check_sampling(self, dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
-                        drop_last: bool) -> tuple[Any, bool, bool]:
-        if self._is_iterable:
-            if shuffle not in {False, None}:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "
-                                 f"but got shuffle={shuffle}")
-            if sampler is not None:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, "
-                                 f"but got sampler={sampler}")
-            if batch_sampler is not None:
-                raise ValueError("DataLoader with IterableDataset: expected unspecified batch_sampler option, "
-                                 f"but got batch_sampler={batch_sampler}")
-        else:
-            shuffle = bool(shuffle)
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                                 "sampler, and drop_last")
-        elif batch_size is None:
-            if drop_last:
-                raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
-                                 "with drop_last")
-        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
-        return batch_size, bool(shuffle), drop_last
-
     @property
     def multiprocessing_context(self) -> BaseContext | None:
         return self.__multiprocessing_context
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: str | BaseContext | None) -> None:
-        if context is not None:
-            if self.num_workers == 0:
-                raise ValueError("multiprocessing_context can only be used with multi-process loading "
-                                 f"(num_workers > 0), but got num_workers={self.num_workers}")
-            if isinstance(context, str):
-                valid = multiprocessing.get_all_start_methods()
-                if context not in valid:
-                    raise ValueError(f"multiprocessing_context option should specify a valid start method in "
-                                     f"{valid!r}, but got multiprocessing_context={context!r}")
-                context = multiprocessing.get_context(context)
-            if not isinstance(context, BaseContext):
-                raise TypeError("multiprocessing_context option should be a valid context object or a string "
-                                f"specifying the start method, but got multiprocessing_context={context}")
-        self.__multiprocessing_context = context
+        self.__multiprocessing_context = checks.resolve_context(context, self.num_workers)
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning when more workers are asked for than this process may use CPUs."""
+        checks.warn_worker_number(self.num_workers)
 
     def __setattr__(self, attr: str, value: Any) -> None:
         if self.__initialized and attr in _IMMUTABLE:
             raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
         super().__setattr__(attr, value)
-
-    def check_worker_number_rationality(self) -> None:
-        """torch's warning when more workers are asked for than this process may use CPUs."""
-        if not self.num_workers:
-            return
-        try:
-            suggest: int | None = len(os.sched_getaffinity(0))
-            checked = True
-        except AttributeError:
-            suggest, checked = os.cpu_count(), False
-        if suggest is None or self.num_workers > suggest:
-            hint = (f"Our suggested max number of worker in current system is {suggest}"
-                    f"{'' if checked else ' (`cpuset` is not taken into account)'}, which is smaller than what "
-                    "this DataLoader is going to create." if suggest is not None else
-                    "DataLoader is not able to compute a suggested max number of worker in current system.")
-            warnings.warn(f"This DataLoader will create {self.num_workers} worker processes in total. {hint} "
-                          "Please be aware that excessive worker creation might get DataLoader running slow or "
-                          "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
-                          stacklevel=3)
 
     # -- iteration -----------------------------------------------------------------------------
     @property
@@ -288,6 +235,26 @@ class DataLoader(Generic[T_co]):
         except Exception:
             pass
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where iteration stands, as plain JSON-serialisable data (see docs/resume.md).
+
+        Mid-epoch: the epoch, base seed, what re-creates the epoch's order and which tasks were
+        delivered. Between epochs (or before the first): the start of the next epoch.
+        """
+        from . import state
+
+        return state.loader_state(self)
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a ``state_dict()``: the next ``iter(self)`` resumes its epoch where it stood.
+
+        Raises ``shmloader.state.StateError`` (both sides printed) for a state of another version or
+        configuration (dataset length, batch size, drop_last, sampler type, ...).
+        """
+        from . import state as _state
+
+        _state.load(self, state)
+
     def stats(self) -> dict[str, Any]:
         """Timings and counters: per-worker fetch/collate time, consumer wait, bytes, bottleneck."""
         return self._events.stats.summary()
@@ -329,8 +296,8 @@ class DataLoader(Generic[T_co]):
     def _make_ring(self) -> Ring:
         shm_dir = self._config.shm_dir
         sweep_dead_segments(shm_dir)
-        self._pinner = pinning.select(self.pin_memory, self._plugins) if self.pin_memory else None
-        pin = self._pinner
+        # One backend per loader; it registers each segment once and unregisters it before unmap.
+        pin = self._pinner = pinning.backend_for(self)
         return Ring(shm_dir, max_slots=self._config.max_slots,
                     on_create=pin.register_segment if pin else None,
                     on_retire=pin.unregister_segment if pin else None)
@@ -343,9 +310,7 @@ class DataLoader(Generic[T_co]):
         if self.pin_memory and self.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                           f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
-        if self.pin_memory and not pinning.accelerator_available():
-            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
-                          "memory won't be used.", stacklevel=3)
+        pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, once per loader
 
     def _finish_batch(self, batch: Any) -> Any:
         """Last step before the user: mark slot-backed tensors pinned, or pin (num_workers=0)."""
@@ -354,22 +319,6 @@ class DataLoader(Generic[T_co]):
         if self.pin_memory and self.num_workers == 0 and pinning.accelerator_available():
             return pinning.pin_copy(batch)
         return batch
-
-
-def _check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}")
-    if num_workers < 0:
-        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
-    if timeout < 0:
-        raise ValueError("timeout option should be non-negative")
-    if num_workers == 0 and prefetch_factor is not None:
-        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                         "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
-    if prefetch_factor is not None and prefetch_factor < 0:
-        raise ValueError("prefetch_factor option should be non-negative")
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers option needs num_workers > 0")
 
 
 def _torch_data_module() -> Any:

@@ -21,27 +21,23 @@ See docs/design/slot-lifecycle.md for the ownership rules this keeps.
 from __future__ import annotations
 
 import atexit
-import os
-import signal
 import time
 import weakref
-from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from typing import Any
 
 from . import codec, faults
-from .errors import describe_exit, rebuild_worker_exception
+from .errors import PluginError, rebuild_worker_exception
 from .iterator import BaseIter, IterState
-from .log import logger
-from .messages import Detach, Exhausted, Failed, Filled, Ready, Reset, SlotRef, Task, TooSmall
+from .messages import Detach, Failed, Reset, SlotRef, Task
+from .mp_wait import TaskRecord, WaitAndRecover
 from .reorder import Reorder
-from .ring import Ring, Slot
+from .ring import Slot
 from .segment import page_round
 from .worker_info import task_seed
 from .workers import WorkerHandle, WorkerPool
 
 FIRST_SLOT_BYTES = 1 << 20
-_GROWTH = 1.25
+_BROKEN_GRACE_S = 0.1  # how long a failed loader waits for workers to take the stop message
 _live: weakref.WeakSet[MultiProcessIter] = weakref.WeakSet()
 
 
@@ -51,17 +47,7 @@ def _close_all() -> None:
         it.close()
 
 
-@dataclass(eq=False)
-class TaskRecord:
-    task: int
-    indices: list[Any] | None
-    slot: Slot
-    worker_id: int = -1
-    attempts: int = 0
-    deaths: list[str] = field(default_factory=list)
-
-
-class MultiProcessIter(BaseIter):
+class MultiProcessIter(WaitAndRecover, BaseIter):
     def __init__(self, loader: Any) -> None:
         super().__init__(loader)
         cfg = loader._config
@@ -72,15 +58,15 @@ class MultiProcessIter(BaseIter):
         self._policy = faults.FaultPolicy(cfg.on_worker_death, cfg.max_restarts, cfg.max_task_attempts,
                                           cfg.task_timeout_s)
         self._events = loader._events
-        self._epoch = 0
+        self._epoch = self._record.epoch  # the loader's epoch number (restored on resume)
         self._slot_bytes = page_round(cfg.slot_bytes) if cfg.slot_bytes else FIRST_SLOT_BYTES
         self._ring = loader._make_ring()
         self._inflight: dict[tuple[int, int], TaskRecord] = {}
-        if cfg.slot_bytes:
-            loader._preflight(self._ring, self._slot_bytes, self._capacity() + 2)
         self._pool = WorkerPool(loader._mp_context, loader._worker_spec(self._base_seed), self._num_workers)
         _live.add(self)
         try:
+            if cfg.slot_bytes:
+                loader._preflight(self._ring, self._slot_bytes, self._prefetch * self._num_workers + 2)
             self._pool.start_all()
         except BaseException:
             self.close()
@@ -103,7 +89,7 @@ class MultiProcessIter(BaseIter):
         super()._reset(loader)
         for rec, _msg in self._reorder.drain():
             self._ring.free(rec.slot)
-        self._epoch += 1
+        self._epoch = self._record.epoch
         if self._iterable:
             self._pool.broadcast(Reset(self._epoch))
             for w in self._pool.workers:
@@ -116,12 +102,17 @@ class MultiProcessIter(BaseIter):
 
     def close(self) -> None:
         """Stop every worker and unlink every segment (views the user holds stay valid)."""
+        self._shut(grace_s=None)
+
+    def _shut(self, grace_s: float | None) -> None:
         if self._state is IterState.CLOSED:
             return
         self._state = IterState.CLOSED
-        self._pool.shutdown()
-        self._ring.close()
-        _live.discard(self)
+        try:
+            self._pool.shutdown() if grace_s is None else self._pool.shutdown(grace_s)
+        finally:
+            self._ring.close()
+            _live.discard(self)
 
     def __del__(self) -> None:
         try:
@@ -130,8 +121,8 @@ class MultiProcessIter(BaseIter):
             pass
 
     def _fail(self, exc: BaseException) -> BaseException:
-        """Shut down and mark broken; returns ``exc`` for the caller to raise."""
-        self.close()
+        """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``."""
+        self._shut(grace_s=_BROKEN_GRACE_S)
         self._state = IterState.BROKEN
         return exc
 
@@ -140,6 +131,7 @@ class MultiProcessIter(BaseIter):
         if self._state is not IterState.RUNNING:
             raise StopIteration
         started = self._started = time.monotonic()
+        self._user_error: BaseException | None = None
         try:
             while True:
                 self._dispatch()
@@ -150,8 +142,13 @@ class MultiProcessIter(BaseIter):
                     self._end_epoch()
                     raise StopIteration
                 self._wait(started)
-        except (KeyboardInterrupt, SystemExit):
-            self.close()
+        except StopIteration:
+            raise
+        except PluginError:
+            raise  # an observer failed; the loader itself is intact
+        except BaseException as exc:
+            if exc is not self._user_error:  # only a user-code error in a worker leaves us usable
+                self._fail(exc)
             raise
 
     def _finished(self) -> bool:
@@ -186,6 +183,10 @@ class MultiProcessIter(BaseIter):
             self._send(worker, rec)
 
     def _next_indices(self) -> list[Any] | None:
+        while self._next_task in self._skip:  # resume: delivered before the save, never dispatched
+            next(self._sampler_iter)
+            self._reorder.skip(self._next_task)
+            self._next_task += 1
         batch = next(self._sampler_iter)
         if self._iterable:
             return None
@@ -239,12 +240,15 @@ class MultiProcessIter(BaseIter):
     # -- 2. deliver ----------------------------------------------------------------------------
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):
-            raise self._worker_exception(msg, rec.worker_id, rec)
+            self._user_error = self._worker_exception(msg, rec.worker_id, rec)
+            raise self._user_error
         buf = self._ring.lease(rec.slot)
         batch, _views = codec.decode(msg.payload, buf, rec.slot.size_bytes)
         del buf  # the views alone keep the slot now; none at all frees it
+        self._record.delivered.add(rec.task)
         self._events.batch_ready(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
-                                 time.monotonic() - self._started)
+                                 time.monotonic() - self._started, len(self._reorder), len(self._inflight),
+                                 len(self._ring.slots))
         return self._loader._finish_batch(batch)
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
@@ -260,143 +264,3 @@ class MultiProcessIter(BaseIter):
         return rebuild_worker_exception(exc_type, msg.type_name, msg.traceback, worker_id=worker_id, pid=pid,
                                         task=None if rec is None else rec.task,
                                         indices=None if rec is None else rec.indices)
-
-    # -- 3. wait and process -------------------------------------------------------------------
-    def _wait(self, started: float) -> None:
-        workers = list(self._pool.workers)
-        by_conn = {w.results: w for w in workers}
-        by_sentinel = {w.process.sentinel: w for w in workers}
-        ready = wait([*by_conn, *by_sentinel], self._wait_timeout(started))
-        if not ready:
-            self._on_quiet(started)
-            return
-        dead: list[WorkerHandle] = []
-        for obj in ready:
-            w = by_conn.get(obj)  # type: ignore[call-overload]
-            if w is None:
-                dead.append(by_sentinel[obj])  # type: ignore[index]
-            elif not self._drain(w):
-                dead.append(w)
-        for w in dict.fromkeys(dead):
-            if self._pool.workers[w.id] is w:
-                self._drain(w)
-                self._on_death(w, cause=None)
-
-    def _wait_timeout(self, started: float) -> float | None:
-        deadlines = []
-        if self._timeout > 0:
-            deadlines.append(started + self._timeout)
-        if self._policy.task_timeout_s > 0:
-            deadlines += [w.head_since + self._policy.task_timeout_s for w in self._pool.workers if w.outstanding]
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-
-    def _drain(self, w: WorkerHandle) -> bool:
-        """Process every reply waiting on ``w``'s pipe; False when the pipe is closed (worker gone)."""
-        try:
-            while w.results.poll():
-                self._process(w, w.results.recv())
-        except (EOFError, OSError):
-            return False
-        return True
-
-    def _process(self, w: WorkerHandle, msg: Any) -> None:
-        if isinstance(msg, Ready):
-            return
-        if isinstance(msg, Failed) and msg.task is None:
-            raise self._fail(self._worker_exception(msg, w.id, None))
-        key = (msg.epoch, msg.task)
-        rec = self._inflight.get(key)
-        if rec is None:
-            return
-        stale = msg.epoch != self._epoch
-        if isinstance(msg, TooSmall) and not stale:
-            self._regrow(w, key, rec, msg.needed_bytes)
-            return
-        w.pop(key)
-        del self._inflight[key]
-        if stale or not isinstance(msg, (Filled, Failed)):
-            self._ring.free(rec.slot)
-            if isinstance(msg, Exhausted) and not stale:
-                w.exhausted = True
-                self._reorder.skip(rec.task)
-            return
-        if isinstance(msg, Failed):
-            self._ring.free(rec.slot)
-        else:
-            self._ring.fill(rec.slot)
-        self._reorder.put(rec.task, (rec, msg))
-
-    def _regrow(self, w: WorkerHandle, key: tuple[int, int], rec: TaskRecord, needed: int) -> None:
-        """The batch did not fit: a larger slot for this task (and every later one), same worker."""
-        self._slot_bytes = max(self._slot_bytes, page_round(int(needed * _GROWTH)))
-        self._loader._preflight(self._ring, self._slot_bytes, self._capacity() + 2)
-        self._ring.resize(rec.slot, self._slot_bytes)
-        self._flush_detach()
-        w.pop(key)
-        self._send(w, rec)
-
-    def _on_quiet(self, started: float) -> None:
-        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``."""
-        now = time.monotonic()
-        limit = self._policy.task_timeout_s
-        for w in list(self._pool.workers):
-            if limit > 0 and w.outstanding and now >= w.head_since + limit:
-                self._kill_hung(w)
-                return
-        if self._timeout > 0 and now >= started + self._timeout:
-            held = {w.id: w.pid for w in self._pool.workers if w.outstanding}
-            raise self._fail(faults.timed_out(self._timeout, self._tasks_of(None), held))
-
-    def _kill_hung(self, w: WorkerHandle) -> None:
-        key = w.outstanding[0]
-        rec = self._inflight.get(key)
-        logger.warning("worker %d (pid %s) exceeded task_timeout_s on task %s; killing it", w.id, w.pid, key[1])
-        try:
-            os.kill(w.pid or 0, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        w.process.join()
-        if not self._policy.restart or self._iterable:
-            raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None,
-                                         self._policy.task_timeout_s))
-        self._on_death(w, cause=f"hung past task_timeout_s={self._policy.task_timeout_s}")
-
-    def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
-        keys = w.outstanding if w is not None else list(self._inflight)
-        return {k[1]: self._inflight[k].indices for k in keys if k in self._inflight and k[0] == self._epoch}
-
-    def _on_death(self, w: WorkerHandle, cause: str | None) -> None:
-        """A worker died: raise (default), or replace it and re-send what it held."""
-        w.process.join(1.0)
-        exitcode = w.process.exitcode
-        tasks = self._tasks_of(w)
-        self._events.worker_died(w.id, w.pid, exitcode, tasks)
-        if not self._policy.restart or self._iterable:
-            raise self._fail(faults.died(w.id, w.pid, exitcode, tasks, self._cfg.shm_dir, iterable=self._iterable))
-        self._restarts += 1
-        if self._restarts > self._policy.max_restarts:
-            raise self._fail(faults.budget_spent(w.id, w.pid, exitcode, tasks, self._policy.max_restarts))
-        self._blame_head(w, cause or describe_exit(exitcode))
-        keys = list(w.outstanding)
-        new = self._pool.replace(w.id)
-        self._events.worker_restarted(new.id, new.pid, w.pid)
-        for key in keys:
-            rec = self._inflight.pop(key, None)
-            if rec is None:
-                continue
-            if key[0] != self._epoch:
-                self._ring.free(rec.slot)
-            else:
-                self._send(new, rec)
-
-    def _blame_head(self, w: WorkerHandle, cause: str) -> None:
-        """The task a worker was running when it died counts an attempt; too many make it poison."""
-        if not w.outstanding:
-            return
-        rec = self._inflight.get(w.outstanding[0])
-        if rec is None or w.outstanding[0][0] != self._epoch:
-            return
-        rec.attempts += 1
-        rec.deaths.append(f"worker {w.id} (pid {w.pid}) {cause}")
-        if rec.attempts >= self._policy.max_task_attempts:
-            raise self._fail(faults.poison(rec.task, rec.indices, rec.attempts, rec.deaths))

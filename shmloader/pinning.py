@@ -1,38 +1,168 @@
-"""Pinning: registering slots with an accelerator once, so batches are pinned with no copy.
+"""Pinning: choosing the backend that registers each slot once, so batches are pinned with no copy.
 
-Placeholder wiring until the pin backends land: ``select`` returns None (no backend), and
-``accelerator_available`` says whether torch sees an accelerator.
+Owns the selection of a pin backend for a loader (:func:`select`, :func:`backend_for`), the
+built-in answer to the ``shmloader_pin_backend`` hook (:func:`builtin_pin_backend` and
+:class:`BuiltinPinPlugin`, which the plugin manager registers like any plugin), the
+``SHMLOADER_PIN_BACKEND`` variable, and torch's "no accelerator" warning. The backends themselves
+live in ``pin_backends`` (torch, cupy, mlock) and ``pin_fake`` (CI).
+
+Runs in the main process only. Promises:
+
+- Selection order: a backend named explicitly (``name=`` or ``SHMLOADER_PIN_BACKEND``) > the
+  first plugin that answers ``shmloader_pin_backend`` > built-in: torch when
+  ``torch.cuda.is_available()``, else cupy when it sees a device, else none.
+- One selection per loader (the hook is called once per loader); ring hooks are wired in
+  ``DataLoader._make_ring``: ``register_segment`` when a segment is created (new slot or growth),
+  ``unregister_segment`` when it is retired, which the ring does before it unlinks and unmaps —
+  also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
+- ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
+  the batches stay correct (unpinned). Importing this module imports neither torch nor cupy.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
-from typing import Any, Protocol
+import warnings
+import weakref
+from typing import Any
 
-from .segment import Segment
+from .config import register_variable
+from .errors import ConfigError
+from .pin_backends import CupyBackend, MlockBackend, PinBackend, TorchCudaBackend, Transfer
+
+__all__ = [
+    "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",
+    "builtin_pin_backend", "make_backend", "pin_copy", "select", "warn_if_unpinned",
+]
+
+ENV_BACKEND = "SHMLOADER_PIN_BACKEND"
+BACKEND_NAMES = ("auto", "torch", "cupy", "mlock", "fake", "none")
+NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                  "memory won't be used.")
+
+register_variable(ENV_BACKEND, "pin backend for pin_memory=True: " + "|".join(BACKEND_NAMES) + " (default auto)")
+
+_chosen: weakref.WeakKeyDictionary[Any, PinBackend | None] = weakref.WeakKeyDictionary()
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-class PinBackend(Protocol):
-    def register_segment(self, segment: Segment) -> None: ...
-    def unregister_segment(self, segment: Segment) -> None: ...
-    def finish(self, batch: Any) -> Any: ...
+def _installed(module: str) -> bool:
+    return module in sys.modules or importlib.util.find_spec(module) is not None
 
 
 def accelerator_available() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:
+    """Whether torch sees an accelerator (torch is imported here only if installed)."""
+    if not _installed("torch"):
         return False
+    import torch
+
     try:
         return bool(torch.accelerator.is_available())
     except AttributeError:
         return bool(torch.cuda.is_available())
 
 
-def select(pin_memory: bool, plugins: Any) -> PinBackend | None:
+def requested_backend(name: str | None = None, environ: Any = None) -> str:
+    """The backend asked for: ``name`` if given, else ``SHMLOADER_PIN_BACKEND``, else "auto"."""
+    env = os.environ if environ is None else environ
+    source = "pin backend" if name is not None else ENV_BACKEND
+    value = (name if name is not None else env.get(ENV_BACKEND, "auto")).strip().lower()
+    if value not in BACKEND_NAMES:
+        raise ConfigError(f"{source}={value!r} is not a pin backend; expected one of {', '.join(BACKEND_NAMES)}")
+    return value
+
+
+def make_backend(name: str) -> PinBackend | None:
+    """Build a backend by name ("none" gives None). Raises ConfigError when it cannot work here."""
+    if name == "none":
+        return None
+    if name == "fake":
+        from .pin_fake import FakeBackend
+
+        return FakeBackend()
+    if name == "mlock":
+        return MlockBackend()
+    cls: type[TorchCudaBackend] | type[CupyBackend] = TorchCudaBackend if name == "torch" else CupyBackend
+    if not _installed(name) or not cls.usable():
+        raise ConfigError(f"pin backend {name!r} was asked for ({ENV_BACKEND} or pin backend) but "
+                          f"{name} sees no CUDA device here")
+    return cls()
+
+
+def builtin_pin_backend(device: str = "") -> PinBackend | None:
+    """The built-in choice: torch when it sees CUDA, else cupy when it sees a device, else None."""
+    if _installed("torch") and TorchCudaBackend.usable():
+        return TorchCudaBackend()
+    if _installed("cupy") and CupyBackend.usable():
+        return CupyBackend()
     return None
 
 
+class BuiltinPinPlugin:
+    """The built-in backends as a plugin: implements ``shmloader_pin_backend(device)``.
+
+    The plugin manager registers an instance first (so every other plugin is asked before it);
+    mark the method with ``hookspecs.hookimpl`` there if the manager requires markers.
+    """
+
+    def shmloader_pin_backend(self, device: str) -> PinBackend | None:
+        return builtin_pin_backend(device)
+
+
+def select(pin_memory: bool, plugins: Any, *, device: str = "", name: str | None = None) -> PinBackend | None:
+    """The pin backend for a loader, or None (see the module docstring for the order).
+
+    ``plugins`` is the loader's plugin manager; one without a ``shmloader_pin_backend`` hook
+    (the placeholder) leaves the choice to the built-ins.
+    """
+    if not pin_memory:
+        return None
+    requested = requested_backend(name)
+    if requested != "auto":
+        return make_backend(requested)
+    hook = getattr(getattr(plugins, "hook", None), "shmloader_pin_backend", None)
+    if hook is not None:
+        try:
+            offered = hook(device=device)
+        except Exception as exc:  # a plugin's failure names the plugin (PluginError) where it can
+            error = getattr(plugins, "error", None)
+            if error is None:
+                raise
+            raise error("shmloader_pin_backend", exc) from exc
+        if offered is not None:
+            return offered
+    return builtin_pin_backend(device)
+
+
+def backend_for(loader: Any) -> PinBackend | None:
+    """The loader's pin backend, selected once per loader and then reused by every ring."""
+    if not loader.pin_memory:
+        return None
+    if loader not in _chosen:
+        _chosen[loader] = select(True, loader._plugins, device=loader.pin_memory_device or "")
+    return _chosen[loader]
+
+
+def will_pin(loader: Any) -> bool:
+    """Whether the loader's batches will be pinned for a device."""
+    if loader.num_workers == 0:
+        return accelerator_available()  # torch's pin_memory copy, as torch does
+    backend = backend_for(loader)
+    return backend is not None and bool(getattr(backend, "device_pinned", False))
+
+
+def warn_if_unpinned(loader: Any, stacklevel: int = 4) -> None:
+    """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader."""
+    if not loader.pin_memory or loader in _warned or will_pin(loader):
+        return
+    _warned.add(loader)
+    warnings.warn(NO_ACCELERATOR, stacklevel=stacklevel)
+
+
 def pin_copy(batch: Any) -> Any:
+    """``num_workers=0``: copy into pinned memory as torch does (the batch is not in a slot)."""
     from torch.utils.data._utils.pin_memory import pin_memory
 
     return pin_memory(batch)

@@ -171,7 +171,10 @@ class Ring:
 
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int) -> Segment:
-        segment = Segment.create(self.shm_dir, page_round(min_bytes))
+        from .preflight import explain_enospc  # preflight imports this module
+
+        with explain_enospc(self.shm_dir, page_round(min_bytes)):
+            segment = Segment.create(self.shm_dir, page_round(min_bytes))
         self.created_total += 1
         if self._on_create is not None:
             try:

@@ -369,3 +369,16 @@ class DistributedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch: with shuffle=True each epoch gets its own order, the same on every rank."""
         self.epoch = epoch
+
+    def state_dict(self) -> dict[str, int]:
+        """What fixes this rank's next pass (saved by ``DataLoader.state_dict`` when an epoch starts)."""
+        return {"epoch": self.epoch, "seed": self.seed, "num_replicas": self.num_replicas, "rank": self.rank}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore ``state_dict()``; a state of another rank, world size or seed is refused."""
+        mine = self.state_dict()
+        wrong = [k for k in ("seed", "num_replicas", "rank") if state.get(k) != mine[k]]
+        if wrong:
+            raise ValueError("DistributedSampler state is for another shard: "
+                             + ", ".join(f"{k} saved {state.get(k)!r}, this sampler {mine[k]!r}" for k in wrong))
+        self.epoch = int(state["epoch"])

@@ -42,8 +42,16 @@ def get_worker_info() -> WorkerInfo | None:
 
 
 def set_worker_info(info: WorkerInfo) -> None:
+    """Set this worker's info; also torch's, so datasets written for torch shard themselves too."""
     global _worker_info
     _worker_info = info
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        )
 
 
 _MASK32 = 0xFFFFFFFF

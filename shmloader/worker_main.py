@@ -159,6 +159,10 @@ class _Worker:
         )
         if spec.worker_init_fn is not None:
             spec.worker_init_fn(worker_id)
+        if spec.collate_kind == "builtin":  # entry-point plugins load here too (docs/plugins.md)
+            from .plugins import worker_collate_rules
+
+            spec.collate_rules = worker_collate_rules(spec.collate_rules)
         self.fetcher = make_fetcher(spec)
 
     # -- main loop -------------------------------------------------------------------------
@@ -172,6 +176,9 @@ class _Worker:
                 msg = tasks.recv()
             except (EOFError, OSError):
                 return
+            except Exception:  # a task that does not unpickle here: report it, keep serving
+                _send(self.results, _failure(self.epoch, None, sys.exc_info()))
+                continue
             if msg is None:
                 return
             if isinstance(msg, Task):

@@ -3,13 +3,16 @@
 Owns each worker's process and its two one-way pipes (tasks out, replies in; no
 ``multiprocessing.Queue`` and so no feeder threads) and the FIFO of tasks each worker holds.
 Runs in the main process. Promises: ``shutdown`` leaves no process (stop message, bounded join,
-then SIGTERM, then SIGKILL) and no open pipe; a worker is started the same way the first time and
-on a restart (same id, same seed, ``worker_init_fn`` re-run).
+then SIGTERM, then SIGKILL) and no open pipe, and reaps every child it started, so none is left a
+zombie; a worker is started the same way the first time and on a restart (same id, same seed,
+``worker_init_fn`` re-run). A handle knows whether its worker has finished starting (``ready``), so
+a death during start-up is not blamed on the task that waited for it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ class WorkerHandle:
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
     generation: int = 0
+    ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
 
     @property
     def pid(self) -> int | None:
@@ -111,15 +115,18 @@ class WorkerPool:
             except (BrokenPipeError, OSError):
                 pass  # a dead worker is noticed through its sentinel
 
-    def shutdown(self) -> None:
-        """Stop every worker: polite message, bounded join, then terminate and kill."""
+    def shutdown(self, grace_s: float = _JOIN_TIMEOUT_S) -> None:
+        """Stop every worker: polite message, join within ``grace_s``, then terminate and kill.
+
+        A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
+        """
         workers, self.workers = self.workers, []
         for w in workers:
             try:
                 w.send(None)
             except (BrokenPipeError, OSError):
                 pass
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = time.monotonic() + grace_s
         for w in workers:
             w.process.join(max(0.0, deadline - time.monotonic()))
         for w in workers:
@@ -132,6 +139,7 @@ def _reap(w: WorkerHandle) -> None:
     p = w.process
     if p.exitcode is None:
         p.terminate()
+        _continue(p.pid)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
         p.join(_KILL_TIMEOUT_S)
     if p.exitcode is None:
         p.kill()
@@ -143,3 +151,12 @@ def _reap(w: WorkerHandle) -> None:
             conn.close()
         except OSError:
             pass
+
+
+def _continue(pid: int | None) -> None:
+    if not pid:
+        return
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        pass

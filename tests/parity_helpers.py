@@ -27,7 +27,8 @@ def assert_same_structure(ours: Any, theirs: Any, path: str = "batch") -> None:
     elif isinstance(theirs, np.ndarray):
         _assert_same_array(ours, theirs, path)
     elif isinstance(theirs, Mapping):
-        assert list(ours.keys()) == list(theirs.keys()), f"{path}: keys {list(ours)} != {list(theirs)}"
+        keys = list(theirs.keys())
+        assert list(ours.keys()) == keys, f"{path}: keys {list(ours)} != {keys}"
         for key in theirs:
             assert_same_structure(ours[key], theirs[key], f"{path}[{key!r}]")
     elif isinstance(theirs, Sequence) and not isinstance(theirs, (str, bytes, range)):

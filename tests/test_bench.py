@@ -217,6 +217,13 @@ def test_a_failing_loader_is_reported_and_the_run_goes_on(
     assert "engine exploded" in err and closed == [True]
 
 
+def test_importing_the_benchmark_does_not_import_torch() -> None:
+    code = "import sys, shmloader.bench; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
 # --- workloads -----------------------------------------------------------------------------------
 
 

@@ -233,3 +233,10 @@ def test_worker_seeds_and_draws_match_torch(method):
 
 def test_get_worker_info_is_none_in_main_process():
     assert shmloader.get_worker_info() is None
+
+
+def test_explicit_slot_bytes_sizes_the_first_slots():
+    dl = loader(Squares(8), batch_size=4, num_workers=1, slot_bytes=8192, persistent_workers=True)
+    assert [b["y"].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert all(s.size_bytes == 8192 for s in dl._iterator._ring.slots)
+    dl.close()

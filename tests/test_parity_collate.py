@@ -231,7 +231,7 @@ def test_errors_match_torch(name: str) -> None:
 
 
 def test_unequal_shapes_error_names_field_and_shapes() -> None:
-    batch = [{"image": torch.zeros(3, 4)}, {"image": torch.zeros(3, 4)}, {"image": torch.zeros(3, 5)}]
+    batch = [{"image": torch.zeros(3, 4)}] * 2 + [{"image": torch.zeros(3, 5)}]
     error = assert_same_error(lambda: torch_default_collate(batch), lambda: torch_collate(batch))
     assert "batch['image']" in str(error)
     assert "[3, 4] at entry 0 and [3, 5] at entry 2" in str(error)

@@ -1,0 +1,98 @@
+"""torch's argument checks for DataLoader: the same order, error types and messages.
+
+Pure functions of the arguments, used by ``loader.DataLoader.__init__`` and its setters. Runs in
+the main process. Promises: every bad argument raises torch's exception type with torch's message
+(which names the option and its value); nothing here has side effects except warnings.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from multiprocessing.context import BaseContext
+from typing import Any
+
+
+def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> None:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}")
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                         "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+    if prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+
+
+def check_sampling(is_iterable: bool, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
+                   drop_last: bool) -> tuple[Any, bool, bool]:
+    if is_iterable:
+        if shuffle not in {False, None}:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "
+                             f"but got shuffle={shuffle}")
+        if sampler is not None:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, "
+                             f"but got sampler={sampler}")
+        if batch_sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified batch_sampler option, "
+                             f"but got batch_sampler={batch_sampler}")
+    else:
+        shuffle = bool(shuffle)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                             "sampler, and drop_last")
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
+                             "with drop_last")
+    elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
+    return batch_size, bool(shuffle), drop_last
+
+
+def resolve_context(context: str | BaseContext | None, num_workers: int) -> BaseContext | None:
+    """torch's checks of ``multiprocessing_context``; a start-method name becomes its context."""
+    if context is not None:
+        if num_workers == 0:
+            raise ValueError("multiprocessing_context can only be used with multi-process loading "
+                             f"(num_workers > 0), but got num_workers={num_workers}")
+        if isinstance(context, str):
+            valid = multiprocessing.get_all_start_methods()
+            if context not in valid:
+                raise ValueError(f"multiprocessing_context option should specify a valid start method in "
+                                 f"{valid!r}, but got multiprocessing_context={context!r}")
+            context = multiprocessing.get_context(context)
+        if not isinstance(context, BaseContext):
+            raise TypeError("multiprocessing_context option should be a valid context object or a string "
+                            f"specifying the start method, but got multiprocessing_context={context}")
+    return context
+
+
+def warn_worker_number(num_workers: int) -> None:
+    """torch's warning when more workers are asked for than this process may use CPUs."""
+    if not num_workers:
+        return
+    try:
+        suggest: int | None = len(os.sched_getaffinity(0))
+        checked = True
+    except AttributeError:
+        suggest, checked = os.cpu_count(), False
+    if suggest is None or num_workers > suggest:
+        hint = (f"Our suggested max number of worker in current system is {suggest}"
+                f"{'' if checked else ' (`cpuset` is not taken into account)'}, which is smaller than what "
+                "this DataLoader is going to create." if suggest is not None else
+                "DataLoader is not able to compute a suggested max number of worker in current system.")
+        warnings.warn(f"This DataLoader will create {num_workers} worker processes in total. {hint} "
+                      "Please be aware that excessive worker creation might get DataLoader running slow or "
+                      "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+                      stacklevel=4)
+

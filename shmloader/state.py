@@ -1,0 +1,393 @@
+"""Resumable iteration: the saved state of a loader, its version, validation and restoring.
+
+Owns the state format (plain, JSON-serialisable, versioned) and the ``EpochRecord`` each iterator
+keeps of its epoch. Runs in the main process only. Promises, for map-style datasets: a state saved
+at any point of an epoch and loaded into a loader of the same configuration (any ``num_workers``,
+any ``in_order``) makes the next ``iter(loader)`` deliver exactly the batches that had not been
+delivered, in the order an uninterrupted epoch would have, because it records
+
+- the epoch number and the base seed (so per-task seeds, ``task_seed(base_seed, epoch, task)``,
+  are the same);
+- what re-creates the epoch's index order: the state of every random generator the loader and
+  its samplers draw from, taken right after the base seed was drawn and before the sampler's
+  first draw (torch's global RNG included when torch is imported), and ``state_dict()`` of the
+  sampler, batch sampler and dataset when they define one, taken when the epoch started;
+- WHICH tasks had been delivered (ranges of task numbers), not how many: tasks in flight or held
+  in the reorder buffer at save time are dispatched again, delivered ones never.
+
+An iterable dataset is fast-forwarded instead: the first ``yielded`` batches are made again and
+dropped. See docs/resume.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import StateError
+
+__all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
+
+STATE_VERSION = 1
+FORMAT = "shmloader.DataLoader"
+_KEYS = ("format", "version", "config", "epoch", "in_progress", "base_seed", "delivered", "yielded",
+         "random", "objects")
+_OBJECTS = ("sampler", "batch_sampler", "dataset")  # loader attributes saved through their state_dict
+_SOURCE_PATHS = ("generator", "sampler", "batch_sampler", "batch_sampler.sampler")
+
+
+class TaskSet:
+    """Task numbers of one epoch, as ``[0, low)`` plus the few above ``low`` (the reorder window)."""
+
+    __slots__ = ("low", "above")
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.above: set[int] = set()
+
+    def add(self, task: int) -> None:
+        if task < self.low:
+            return
+        if task != self.low:
+            self.above.add(task)
+            return
+        self.low += 1
+        while self.low in self.above:
+            self.above.remove(self.low)
+            self.low += 1
+
+    def __contains__(self, task: object) -> bool:
+        return isinstance(task, int) and (0 <= task < self.low or task in self.above)
+
+    def __len__(self) -> int:
+        return self.low + len(self.above)
+
+    def to_ranges(self) -> list[list[int]]:
+        """Half-open ``[start, stop)`` ranges, sorted and disjoint."""
+        ranges = [[0, self.low]] if self.low else []
+        for task in sorted(self.above):
+            if ranges and ranges[-1][1] == task:
+                ranges[-1][1] += 1
+            else:
+                ranges.append([task, task + 1])
+        return ranges
+
+    @classmethod
+    def from_ranges(cls, ranges: Any) -> TaskSet:
+        tasks, stop = cls(), 0
+        for item in ranges:
+            if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(type(v) is int for v in item)
+                    and stop <= item[0] < item[1]):
+                raise StateError(f"delivered must be sorted, disjoint [start, stop) ranges of task numbers; "
+                                 f"got {item!r} after stop={stop}")
+            start, stop = item
+            if start == 0:
+                tasks.low = stop
+            else:
+                tasks.above.update(range(start, stop))
+        return tasks
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A loaded mid-epoch state, waiting for the next ``iter(loader)``."""
+
+    epoch: int
+    base_seed: int
+    delivered: TaskSet
+    yielded: int
+    torch_global: bytes | None
+    state: dict[str, Any]
+
+
+@dataclass
+class EpochRecord:
+    """What one epoch needs to be resumed; kept by the loader, so it outlives the iterator."""
+
+    epoch: int
+    base_seed: int
+    objects: dict[str, Any]
+    random: list[tuple[list[str], str, Any]]
+    torch_global: Any
+    unsaveable: str | None
+    delivered: TaskSet = field(default_factory=TaskSet)
+    yielded: int = 0
+    finished: bool = False
+
+
+# -- taking an epoch's record (iterators call these) ---------------------------------------------
+def take_resume(loader: Any) -> Resume | None:
+    resume = getattr(loader, "_resume", None)
+    loader._resume = None
+    return resume
+
+
+@contextlib.contextmanager
+def global_rng(resume: Resume | None) -> Iterator[None]:
+    """On resume, torch's global RNG is the saved one while the epoch starts, then the caller's again."""
+    torch = sys.modules.get("torch")
+    if resume is None or resume.torch_global is None or torch is None:
+        yield
+        return
+    caller = torch.get_rng_state()
+    torch.set_rng_state(_torch_bytes(resume.torch_global))
+    try:
+        yield
+    finally:
+        torch.set_rng_state(caller)
+
+
+def object_states(loader: Any) -> dict[str, Any]:
+    """``state_dict()`` of the sampler, batch sampler and dataset that define one (epoch start)."""
+    states = {}
+    for name in _OBJECTS:
+        obj: Any = getattr(loader, name, None)
+        if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+            states[name] = obj.state_dict()
+    return states
+
+
+def new_record(loader: Any, base_seed: int, objects: dict[str, Any], resume: Resume | None) -> EpochRecord:
+    """Number the epoch and snapshot its random sources (after the base seed, before the sampler draws)."""
+    torch = sys.modules.get("torch")
+    epoch = resume.epoch if resume is not None else getattr(loader, "_epoch_count", 0)
+    record = EpochRecord(epoch, base_seed, objects, _take_random(loader),
+                         torch.get_rng_state() if torch is not None else None, _unsaveable(loader))
+    if resume is not None:
+        record.delivered = TaskSet.from_ranges(resume.delivered.to_ranges())
+        record.yielded = resume.yielded
+    loader._epoch_count = epoch + 1
+    loader._record = record
+    return record
+
+
+def peeked(it: Iterator[Any]) -> Iterator[Any]:
+    """Take the sampler's first item now, so its first draw happens while the epoch starts."""
+    try:
+        first = next(it)
+    except StopIteration:
+        return iter(())
+    return itertools.chain((first,), it)
+
+
+# -- saving --------------------------------------------------------------------------------------
+def config_of(loader: Any) -> dict[str, Any]:
+    """What must match for delivered task numbers to mean the same batches."""
+    iterable = loader._is_iterable
+    return {
+        "dataset_len": _len_or_none(loader.dataset),
+        "iterable": iterable,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "sampler": _type_name(loader.sampler),
+        "batch_sampler": None if loader.batch_sampler is None else _type_name(loader.batch_sampler),
+        "batches_per_epoch": None if iterable else _len_or_none(loader._index_sampler),
+        "task_seeding": bool(loader._config.task_seeding),
+    }
+
+
+def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, Any]:
+    """The state of ``record``'s epoch (default: the loader's latest), or of the next epoch's start."""
+    resume = getattr(loader, "_resume", None)
+    if record is None and resume is not None:
+        return json.loads(json.dumps(resume.state))
+    record = record if record is not None else getattr(loader, "_record", None)
+    if record is None or record.finished:
+        state = _state(loader, getattr(loader, "_epoch_count", 0), False, None, [], 0,
+                       _encode_random(_take_random(loader), None), object_states(loader))
+    else:
+        if record.unsaveable:
+            raise StateError(record.unsaveable)
+        state = _state(loader, record.epoch, True, record.base_seed, record.delivered.to_ranges(),
+                       record.yielded, _encode_random(record.random, record.torch_global), record.objects)
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as exc:
+        raise StateError(f"the loader state is not JSON-serialisable ({exc}); a sampler's or dataset's "
+                         "state_dict() must return plain values (dict, list, str, int, float, bool, None)") from exc
+    return state
+
+
+def _state(loader: Any, *values: Any) -> dict[str, Any]:
+    """epoch, in_progress, base_seed, delivered, yielded, random, objects → the versioned state."""
+    return {"format": FORMAT, "version": STATE_VERSION, "config": config_of(loader), **dict(zip(_KEYS[3:], values))}
+
+
+# -- loading -------------------------------------------------------------------------------------
+def load(loader: Any, state: Mapping[str, Any]) -> None:
+    """Check ``state`` against ``loader``, restore samplers, dataset and generators, arm the resume."""
+    check(loader, state)
+    delivered = TaskSet.from_ranges(state["delivered"])
+    random = state["random"]
+    if random.get("torch_global") is not None:
+        _import_torch()
+    for name, saved in state["objects"].items():
+        target: Any = getattr(loader, name, None)
+        if not callable(getattr(target, "load_state_dict", None)):
+            raise StateError(f"the state holds a {name} state_dict but this loader's {name} "
+                             f"({_type_name(target)}) has no load_state_dict", saved, None)
+        target.load_state_dict(saved)
+    _restore_random(loader, random["sources"])
+    loader.close()  # persistent workers restart with the restored dataset
+    loader._record = None
+    loader._epoch_count = state["epoch"]
+    loader._resume = None
+    if state["in_progress"]:
+        torch_global = random.get("torch_global")
+        loader._resume = Resume(state["epoch"], state["base_seed"], delivered, state["yielded"],
+                                None if torch_global is None else base64.b64decode(torch_global),
+                                json.loads(json.dumps(dict(state))))
+
+
+def check(loader: Any, state: Mapping[str, Any]) -> None:
+    """Raise StateError (both sides printed) unless ``state`` is a state this loader can resume."""
+    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+        got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+        raise StateError(f"not a shmloader DataLoader state: format is {got!r}, expected {FORMAT!r}", got, FORMAT)
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"state version {state.get('version')!r} cannot be loaded: this shmloader reads "
+                         f"version {STATE_VERSION}", state.get("version"), STATE_VERSION)
+    missing = [k for k in _KEYS if k not in state]
+    if missing:
+        raise StateError(f"the state lacks {', '.join(missing)} (saved keys: {', '.join(sorted(state))})")
+    saved, current = state["config"], config_of(loader)
+    diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if diff:
+        lines = "\n".join(f"  {k}: saved {saved.get(k)!r}, this loader {current.get(k)!r}" for k in diff)
+        raise StateError(f"the state was saved by a loader configured differently; its delivered tasks would "
+                         f"not be the same batches here:\n{lines}\nsaved:       {json.dumps(saved)}\n"
+                         f"this loader: {json.dumps(current)}", saved, current)
+    total = current["batches_per_epoch"]
+    if state["in_progress"] and total is not None and state["delivered"] and state["delivered"][-1][1] > total:
+        raise StateError(f"the state says task {state['delivered'][-1][1] - 1} was delivered, but an epoch of "
+                         f"this loader has {total} tasks", state["delivered"], total)
+
+
+# -- random sources ------------------------------------------------------------------------------
+def _source_at(loader: Any, path: str) -> Any:
+    if path == "generator":
+        return loader.generator
+    obj = loader
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    if obj is None:
+        return None
+    return obj._source if hasattr(obj, "_source") else getattr(obj, "generator", None)
+
+
+def _kind(source: Any) -> str | None:
+    if isinstance(source, np.random.Generator):
+        return "numpy"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(source, torch.Generator):
+        return "torch"
+    return None
+
+
+def _take_random(loader: Any) -> list[tuple[list[str], str, Any]]:
+    """The state of every stateful generator reachable from the loader, one entry per object."""
+    seen: dict[int, tuple[list[str], str, Any]] = {}
+    for path in _SOURCE_PATHS:
+        source = _source_at(loader, path)
+        kind = _kind(source)
+        if kind is None:
+            continue
+        if id(source) in seen:
+            seen[id(source)][0].append(path)
+        else:
+            seen[id(source)] = ([path], kind, source.get_state() if kind == "torch" else source.bit_generator.state)
+    return list(seen.values())
+
+
+def _encode_random(sources: list[tuple[list[str], str, Any]], torch_global: Any) -> dict[str, Any]:
+    encoded = [{"paths": paths, "kind": kind,
+                "state": _b64(raw) if kind == "torch" else _plain(raw)} for paths, kind, raw in sources]
+    return {"sources": encoded, "torch_global": None if torch_global is None else _b64(torch_global)}
+
+
+def _restore_random(loader: Any, sources: list[dict[str, Any]]) -> None:
+    for entry in sources:
+        for path in entry["paths"]:
+            target = _source_at(loader, path)
+            if _kind(target) != entry["kind"]:
+                raise StateError(f"the state holds a {entry['kind']} generator at {path}, but this loader has "
+                                 f"{type(target).__name__} there", entry["kind"], _kind(target))
+            if entry["kind"] == "torch":
+                target.set_state(_torch_bytes(base64.b64decode(entry["state"])))
+            else:
+                try:
+                    target.bit_generator.state = _unplain(entry["state"])
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise StateError(f"cannot restore the numpy generator at {path}: {exc}",
+                                     entry["state"], target.bit_generator.state) from exc
+
+
+def _unsaveable(loader: Any) -> str | None:
+    """Why this epoch's order cannot be re-created, if it cannot."""
+    if "torch" in sys.modules:
+        return None
+    for path in ("sampler", "batch_sampler.sampler"):
+        sampler = loader if path == "sampler" else loader.batch_sampler
+        sampler = getattr(sampler, "sampler", None)
+        if (sampler is not None and getattr(sampler, "generator", 0) is None
+                and not callable(getattr(sampler, "state_dict", None))):
+            return (f"cannot save the position of this epoch: {type(sampler).__name__} with generator=None "
+                    "draws its order from fresh OS entropy when torch is not imported, so the order cannot be "
+                    "re-created. Pass generator= (an int seed, numpy or torch Generator) to make it resumable.")
+    return None
+
+
+def _import_torch() -> None:
+    try:
+        import torch  # noqa: F401  the saving process drew from torch's RNG: this one must too
+    except ImportError as exc:
+        raise StateError("the state was saved while torch's global RNG made the order, but torch is not "
+                         "installed here") from exc
+
+
+def _b64(tensor: Any) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _torch_bytes(raw: bytes) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return {"ndarray": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _unplain(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"ndarray", "dtype"}:
+            return np.asarray(value["ndarray"], dtype=value["dtype"])
+        return {k: _unplain(v) for k, v in value.items()}
+    return value
+
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _len_or_none(obj: Any) -> int | None:
+    try:
+        return len(obj)
+    except TypeError:
+        return None

@@ -1,0 +1,151 @@
+"""What the stress scripts share: a checkable dataset, a shuffling batch sampler, leak checks, verdicts.
+
+Runs in the script's main process and (the dataset) in its workers; importable by reference from
+spawned workers because the script's directory is on their ``sys.path``. Promises: every sample is
+a pure function of its index, so a batch's checksum says whether it is exactly the batch due; a
+fault encoded in an index fires at most once (a marker file made with ``O_CREAT | O_EXCL``), so a
+retried task succeeds; ``verdict`` prints one final ``PASS ...``/``FAIL ...`` line and exits 0/1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+import psutil
+
+from shmloader import get_worker_info
+
+SAMPLE_LEN = 64
+# an index carries (epoch, fault, sample): index = (epoch * len(FAULTS) + fault) * n + sample
+FAULTS = ("none", "exit", "segv", "hang")
+
+
+def sample(i: int) -> np.ndarray:
+    """Sample ``i``: distinct, deterministic, a few hundred bytes."""
+    return (np.arange(SAMPLE_LEN, dtype=np.int64) * 7919 + i * 104729) % 1000003
+
+
+def checksum(batch: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(batch).tobytes())
+
+
+def expected_checksum(samples: list[int]) -> int:
+    return checksum(np.stack([sample(i) for i in samples]))
+
+
+class FaultingDataset:
+    """``n`` samples; an index may carry a fault (see ``FAULTS``) that fires once, in a worker."""
+
+    def __init__(self, n: int, marker_dir: str) -> None:
+        self.n, self.marker_dir = n, marker_dir
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        i = index % self.n
+        code = (index // self.n) % len(FAULTS)
+        if code and get_worker_info() is not None and self._first_time(index):
+            _fault(FAULTS[code])
+        return sample(i)
+
+    def _first_time(self, index: int) -> bool:
+        try:
+            fd = os.open(os.path.join(self.marker_dir, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+
+def _fault(kind: str) -> None:
+    if kind == "exit":
+        os._exit(3)
+    if kind == "segv":
+        faulthandler.disable()
+        ctypes.string_at(0)
+    if kind == "hang":
+        threading.Event().wait()
+
+
+class PlannedBatches:
+    """A batch sampler the script plans per epoch: ``plan`` is a list of index batches."""
+
+    def __init__(self) -> None:
+        self.plan: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([list(b) for b in self.plan])
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+
+def plan_epoch(rng: np.random.Generator, n: int, batch_size: int, epoch: int,
+               fault_rate: float, hang_share: float) -> tuple[list[list[int]], list[list[int]], dict[str, int]]:
+    """Index batches for one epoch (shuffled; some indices carry a fault), the plain sample batches
+    they must produce, and how many faults of each kind were planted."""
+    order = rng.permutation(n)
+    planted = {k: 0 for k in FAULTS[1:]}
+    batches, plain = [], []
+    for start in range(0, n, batch_size):
+        chunk = [int(i) for i in order[start:start + batch_size]]
+        coded = []
+        for i in chunk:
+            code = 0
+            if rng.random() < fault_rate:
+                code = 3 if rng.random() < hang_share else int(rng.integers(1, 3))
+                planted[FAULTS[code]] += 1
+            coded.append((epoch * len(FAULTS) + code) * n + i)
+        batches.append(coded)
+        plain.append(chunk)
+    return batches, plain, planted
+
+
+def worker_pids() -> list[int]:
+    return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
+
+
+def leftovers(shm_dir: str = "/dev/shm") -> list[str]:
+    """Child processes (multiprocessing's resource tracker aside) and segments of ours still present."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                continue
+            found.append(f"process {p.pid} ({p.status()})")
+        except psutil.NoSuchProcess:
+            continue
+    prefix = f"shml_{os.getpid()}_"
+    found += [f"segment {n}" for n in sorted(os.listdir(shm_dir)) if n.startswith(prefix)]
+    return found
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def verdict(ok: bool, text: str) -> None:
+    """Print the one final line and exit with the matching code."""
+    print(("PASS " if ok else "FAIL ") + text, flush=True)
+    sys.exit(0 if ok else 1)
+
+
+def ignore_sigpipe() -> None:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)

@@ -1,0 +1,114 @@
+"""DataLoader's argument checks, warnings, len() and immutability, compared with torch's own."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import shmloader
+from engine_datasets import Range, Squares
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
+
+BAD = [
+    dict(num_workers=-1),
+    dict(timeout=-1),
+    dict(prefetch_factor=2),
+    dict(num_workers=1, prefetch_factor=-1),
+    dict(persistent_workers=True),
+    dict(shuffle=True, sampler=[0, 1]),
+    dict(batch_sampler=[[0, 1]], batch_size=2),
+    dict(batch_sampler=[[0, 1]], shuffle=True),
+    dict(batch_sampler=[[0, 1]], drop_last=True),
+    dict(batch_size=None, drop_last=True),
+    dict(num_workers=1, multiprocessing_context="nonsense"),
+    dict(num_workers=1, multiprocessing_context=3.5),
+    dict(multiprocessing_context="fork"),
+]
+BAD_ITERABLE = [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])]
+
+
+def _raised(factory, dataset, kwargs):
+    with pytest.raises(Exception) as info:
+        factory(dataset, **kwargs)
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("kwargs", BAD, ids=lambda k: ",".join(k))
+def test_bad_arguments_raise_torchs_type_and_message(kwargs):
+    ours = _raised(shmloader.DataLoader, Squares(8), kwargs)
+    theirs = _raised(TorchDataLoader, Squares(8), kwargs)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("kwargs", BAD_ITERABLE, ids=lambda k: ",".join(k))
+def test_iterable_dataset_restrictions_match_torch(kwargs):
+    class TorchIterable(torch.utils.data.IterableDataset):  # torch's own class: ours must accept it
+        def __iter__(self):
+            return iter(range(4))
+
+    ds = TorchIterable()
+    assert _raised(shmloader.DataLoader, ds, kwargs) == _raised(TorchDataLoader, ds, kwargs)
+
+
+def test_non_integer_num_workers_names_the_argument():
+    with pytest.raises(TypeError, match=r"num_workers=.*'two'"):
+        shmloader.DataLoader(Squares(4), num_workers="two")
+
+
+@pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+                                  "persistent_workers"])
+def test_attributes_are_immutable_after_init(attr):
+    dl = shmloader.DataLoader(Squares(4))
+    with pytest.raises(ValueError, match=f"{attr} attribute should not be set after DataLoader is initialized"):
+        setattr(dl, attr, 1)
+    dl.num_workers = 0  # others stay settable, as in torch
+
+
+@pytest.mark.parametrize("n,bs,drop", [(10, 3, False), (10, 3, True), (9, 3, False), (7, 1, False)])
+def test_len_matches_torch_for_map_and_iterable(n, bs, drop):
+    assert len(shmloader.DataLoader(Squares(n), batch_size=bs, drop_last=drop)) == \
+        len(TorchDataLoader(Squares(n), batch_size=bs, drop_last=drop))
+
+    class Sized(Range):
+        def __len__(self):
+            return self.end - self.start
+
+    expect = n // bs if drop else math.ceil(n / bs)
+    assert len(shmloader.DataLoader(Sized(0, n), batch_size=bs, drop_last=drop)) == expect
+
+
+def test_iterable_len_warning_as_torch():
+    class Liar(Range):
+        def __len__(self):
+            return 2
+
+    dl = shmloader.DataLoader(Liar(0, 4), batch_size=None)
+    assert len(dl) == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(dl) == [0, 1, 2, 3]
+    assert any("was reported to be 2" in str(w.message) for w in caught)
+
+
+def test_too_many_workers_warns_as_torch():
+    with pytest.warns(UserWarning, match="This DataLoader will create 64 worker processes in total"):
+        shmloader.DataLoader(Squares(4), num_workers=64)
+
+
+def test_new_sampler_iteration_each_epoch_and_generator_drives_shuffle():
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    ours = shmloader.DataLoader(Squares(12), batch_size=4, shuffle=True, generator=g1)
+    theirs = TorchDataLoader(Squares(12), batch_size=4, shuffle=True, generator=g2)
+    for _ in range(3):
+        assert [b["y"].tolist() for b in ours] == [b["y"].tolist() for b in theirs]
+
+
+def test_batch_size_none_disables_auto_batching():
+    got = list(shmloader.DataLoader(Squares(3), batch_size=None))
+    assert [g["y"] for g in got] == [0, 1, 2]
+    assert isinstance(got[0]["x"], np.ndarray) and got[0]["x"].shape == (8,)

@@ -1,0 +1,344 @@
+"""Pinning on a CPU: the fake backend stands in for CUDA (issue 5, docs/gpu.md).
+
+What must hold whatever the device: slots are page-aligned; each segment is registered exactly
+once, in the main process, when the ring creates it (new slot, growth, resize), never per batch
+or per epoch; every registered segment is unregistered exactly once, before it is unmapped — also
+when the user still holds its batch at close; without an accelerator ``pin_memory=True`` warns
+once, in torch's words, and the batches are correct.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gc
+import os
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import pinning
+from shmloader.errors import ConfigError
+from shmloader.pin_backends import MlockBackend, segment_address
+from shmloader.pin_fake import Call, FakeBackend
+from shmloader.ring import Ring
+from shmloader.segment import PAGE_BYTES, Segment
+
+ROWS, COLS = 96, 16
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
+    """The loader's pin backend (SHMLOADER_PIN_BACKEND=fake); its log also records Segment.close."""
+    backend = FakeBackend()
+    make_backend = pinning.make_backend
+    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
+    monkeypatch.setattr(pinning, "make_backend", lambda name: backend if name == "fake" else make_backend(name))
+    original = Segment.close
+
+    def close(self: Segment) -> bool:
+        unmapped = original(self)
+        backend.calls.append(Call("close", self.name, os.getpid(), mapped=not unmapped))
+        return unmapped
+
+    monkeypatch.setattr(Segment, "close", close)
+    return backend
+
+
+def dataset() -> shmloader.ArrayDataset:
+    return shmloader.ArrayDataset(np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS), np.arange(ROWS))
+
+
+def expected(batch_index: int, batch_size: int) -> np.ndarray:
+    rows = np.arange(batch_index * batch_size, (batch_index + 1) * batch_size)
+    return (rows[:, None] * COLS + np.arange(COLS)).astype(np.float32)
+
+
+def order_of(backend: FakeBackend, name: str) -> list[str]:
+    return [c.kind for c in backend.calls if c.target == name]
+
+
+def registered_names(backend: FakeBackend) -> list[str]:
+    return [c.target for c in backend.calls if c.kind == "register"]
+
+
+# -- alignment and registration ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_every_slot_is_page_aligned(fake: FakeBackend) -> None:
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True, persistent_workers=True)
+    held = list(loader)  # holding every batch makes the ring grow: one slot per held batch at least
+    ring = loader._iterator._ring
+    assert len(ring.slots) >= len(held) == ROWS // 8
+    assert len(fake.registered) == len(ring.slots)
+    assert all(address % PAGE_BYTES == 0 for address in fake.registered.values())
+    assert all(segment_address(s.segment) % PAGE_BYTES == 0 for s in ring.slots)
+    del held
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_slot_addresses_are_page_aligned_in_a_bare_ring(tmp_path: Any) -> None:
+    ring = Ring(str(tmp_path))
+    try:
+        slots = [ring.grow(n) for n in (1, 4095, 4097, 3 * PAGE_BYTES + 5)]
+        assert all(segment_address(s.segment) % PAGE_BYTES == 0 for s in slots)
+        assert all(s.size_bytes % PAGE_BYTES == 0 for s in slots)
+    finally:
+        ring.close()
+    assert not os.listdir(tmp_path)  # the address probe left no export: every segment unmapped
+
+
+@pytest.mark.timeout(90)
+def test_each_slot_registered_once_across_epochs(fake: FakeBackend) -> None:
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
+                                  persistent_workers=True)
+    batches = 0
+    for _epoch in range(4):
+        for i, (x, _y) in enumerate(loader):
+            np.testing.assert_array_equal(x, expected(i, 8))
+            batches += 1
+    ring = loader._iterator._ring
+    registered = registered_names(fake)
+    assert len(registered) == len(set(registered)) == ring.created_total
+    assert {s.segment.name for s in ring.slots} == set(registered)
+    assert batches == 4 * ROWS // 8 and fake.finished == batches
+    assert fake.count("unregister") == 0  # nothing retired while the loader runs
+    assert {c.pid for c in fake.calls} == {os.getpid()}  # main process only, never a worker
+    del x, _y
+    loader.close()
+    for name in registered:
+        assert order_of(fake, name) == ["register", "unregister", "close"]
+    assert all(not c.mapped for c in fake.calls if c.kind == "close")  # nothing viewed: all unmapped
+
+
+@pytest.mark.timeout(90)
+def test_resize_registers_the_new_segment_and_unregisters_the_old_first(fake: FakeBackend) -> None:
+    # The first slots are 1 MiB (mp_iterator.FIRST_SLOT_BYTES); these batches are 2 MiB, so each
+    # slot's first task makes the ring give it a new, larger segment.
+    big = np.arange(32 * 65536, dtype=np.float32).reshape(32, 65536)
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(big), batch_size=8, num_workers=2, pin_memory=True,
+                                  persistent_workers=True)
+    for i, (x,) in enumerate(loader):
+        np.testing.assert_array_equal(x, big[i * 8:(i + 1) * 8])
+    del x
+    live = {s.segment.name for s in loader._iterator._ring.slots}
+    retired = [n for n in registered_names(fake) if n not in live]
+    assert retired  # resized while running
+    for name in retired:
+        assert order_of(fake, name) == ["register", "unregister", "close"]
+    assert all(order_of(fake, n) == ["register"] for n in live)
+    loader.close()
+    assert all(order_of(fake, n) == ["register", "unregister", "close"] for n in registered_names(fake))
+
+
+@pytest.mark.timeout(90)
+def test_batches_held_past_the_end_of_an_epoch_stay_valid(fake: FakeBackend) -> None:
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True)
+    held = list(loader)  # the ring grows; the epoch ends and the iterator closes its ring
+    names = registered_names(fake)
+    assert len(names) == len(set(names)) >= len(held)
+    for name in names:
+        assert order_of(fake, name) == ["register", "unregister", "close"]
+    for i, (x, _y) in enumerate(held):
+        np.testing.assert_array_equal(x, expected(i, 8))  # still mapped: the views keep them
+    assert any(c.mapped for c in fake.calls if c.kind == "close")
+    del held
+
+
+@pytest.mark.timeout(60)
+def test_unregister_precedes_unmap_for_a_batch_held_past_close(fake: FakeBackend) -> None:
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True, persistent_workers=True)
+    it = iter(loader)
+    x, y = next(it)
+    slots = loader._iterator._ring.slots
+    held = next(s.segment for s in slots if s.state.value == "leased")
+    name, mapping = held.name, weakref.ref(held.buf)
+    del held, slots
+    loader.close()
+    unregister = next(c for c in fake.calls if c.kind == "unregister" and c.target == name)
+    assert unregister.mapped  # unregistered while the pages were still mapped...
+    assert order_of(fake, name) == ["register", "unregister", "close"]
+    close = next(c for c in fake.calls if c.kind == "close" and c.target == name)
+    assert close.mapped  # ...and the close could not unmap: the batch still views it
+    np.testing.assert_array_equal(x, expected(0, 8))
+    assert mapping() is not None
+    del x, y, it
+    gc.collect()
+    assert mapping() is None  # the last view died: unmapped now, after its one unregister
+    assert fake.count("unregister", name) == 1
+
+
+# -- selection ----------------------------------------------------------------------------------
+
+
+class _Hook:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.devices: list[str] = []
+
+    def shmloader_pin_backend(self, *, device: str) -> Any:
+        self.devices.append(device)
+        return self.answer
+
+
+class _Plugins:
+    def __init__(self, answer: Any) -> None:
+        self.hook = _Hook(answer)
+
+
+def test_a_plugin_backend_is_used_and_asked_with_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
+    mine = FakeBackend()
+    plugins = _Plugins(mine)
+    assert pinning.select(True, plugins, device="cuda:1") is mine
+    assert plugins.hook.devices == ["cuda:1"]
+    assert pinning.select(False, plugins) is None
+
+
+class _OffersFake:
+    def __init__(self) -> None:
+        self.backend = FakeBackend()
+
+    def shmloader_pin_backend(self, device: str) -> FakeBackend:
+        return self.backend
+
+
+class _Broken:
+    def shmloader_pin_backend(self, device: str) -> None:
+        raise KeyError("no such card")
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_plugin_provides_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
+    plugin = _OffersFake()
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True, plugins=[plugin])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [x for x, _y in loader]
+    assert loader._pinner is plugin.backend and plugin.backend.finished == len(got) == ROWS // 8
+    assert not [w for w in caught if str(w.message) == pinning.NO_ACCELERATOR]  # it pins for a device
+    assert plugin.backend.registered == {} and plugin.backend.count("unregister") >= 1
+    del got
+
+
+def test_a_failing_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
+    from shmloader.plugins import PluginError, build_plugin_manager
+
+    with pytest.raises(PluginError, match="shmloader_pin_backend") as info:
+        pinning.select(True, build_plugin_manager([_Broken()], entry_points=False))
+    assert info.value.hook == "shmloader_pin_backend" and isinstance(info.value.__cause__, KeyError)
+
+
+def test_a_named_backend_beats_plugins_and_a_bad_name_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(pinning.ENV_BACKEND, "mlock")
+    assert isinstance(pinning.select(True, _Plugins(FakeBackend())), MlockBackend)
+    assert pinning.select(True, _Plugins(FakeBackend()), name="none") is None
+    monkeypatch.setenv(pinning.ENV_BACKEND, "cudaa")
+    with pytest.raises(ConfigError, match="SHMLOADER_PIN_BACKEND='cudaa'"):
+        pinning.select(True, None)
+
+
+@pytest.mark.skipif(pinning.accelerator_available(), reason="this machine has an accelerator")
+def test_asking_for_torch_without_cuda_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="sees no CUDA device"):
+        pinning.select(True, None, name="torch")
+
+
+# -- no accelerator -----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(pinning.accelerator_available(), reason="this machine has an accelerator")
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_without_accelerator_warns_once_and_batches_are_correct(
+        num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
+    kwargs = {"persistent_workers": True} if num_workers else {}
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _epoch in range(3):
+            for i, (x, _y) in enumerate(loader):
+                np.testing.assert_array_equal(x, expected(i, 8))
+    messages = [str(w.message) for w in caught]
+    assert messages.count(pinning.NO_ACCELERATOR) == 1, messages
+    assert loader._pinner is None
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_pin_memory_device_is_deprecated_as_in_torch(fake: FakeBackend) -> None:
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                  pin_memory_device="cuda:0")
+    with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
+        first = next(iter(loader))
+    np.testing.assert_array_equal(first[0], expected(0, 8))
+    del first
+    gc.collect()
+
+
+# -- mlock -----------------------------------------------------------------------------------------
+
+
+class _RefusingLibc:
+    """libc whose mlock fails as under a small RLIMIT_MEMLOCK without CAP_IPC_LOCK."""
+
+    def __init__(self) -> None:
+        self.mlock = self._Fn(self, errno.EPERM)
+        self.munlock = self._Fn(self, 0)
+        self.calls = 0
+
+    class _Fn:
+        def __init__(self, owner: Any, err: int) -> None:
+            self.owner, self.err = owner, err
+
+        def __call__(self, address: int, nbytes: int) -> int:
+            self.owner.calls += 1
+            if self.err:
+                ctypes.set_errno(self.err)
+                return -1
+            return 0
+
+
+def test_mlock_refused_warns_once_citing_rlimit_memlock(tmp_path: Any) -> None:
+    libc = _RefusingLibc()
+    backend = MlockBackend(libc=libc)
+    ring = Ring(str(tmp_path), on_create=backend.register_segment, on_retire=backend.unregister_segment)
+    with pytest.warns(RuntimeWarning, match="RLIMIT_MEMLOCK") as caught:
+        ring.grow(PAGE_BYTES)
+        ring.grow(PAGE_BYTES)
+    assert len([w for w in caught if "RLIMIT_MEMLOCK" in str(w.message)]) == 1
+    assert libc.calls == 2 and backend.registered == {}
+    ring.close()
+    assert libc.calls == 2  # nothing was locked, so nothing is unlocked
+    assert not os.listdir(tmp_path)
+
+
+def _locked_bytes() -> int:
+    with open("/proc/self/status") as f:
+        line = next(l for l in f if l.startswith("VmLck:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_mlock_locks_and_unlocks_or_says_why(tmp_path: Any) -> None:
+    backend = MlockBackend()
+    ring = Ring(str(tmp_path), on_create=backend.register_segment, on_retire=backend.unregister_segment)
+    before = _locked_bytes()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        slot = ring.grow(4 * PAGE_BYTES)
+    if backend.registered:
+        assert _locked_bytes() - before >= slot.size_bytes
+    else:
+        assert any("RLIMIT_MEMLOCK" in str(w.message) for w in caught)
+    ring.close()
+    assert _locked_bytes() == before and backend.registered == {}

@@ -1,0 +1,188 @@
+"""The device prefetcher on a CPU: the fake backend's events stand in for CUDA events.
+
+What must hold: batch k+1's copy is started before batch k is handed out, and the caller's
+stream waits on batch k's event; the source batch (and with it its slot lease) lives until its
+copy's event has completed and is let go after; past ``max_held`` unfinished copies the host
+waits for the oldest; an epoch's end or an early stop waits for every copy; nested structures
+arrive whole.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import pinning
+from shmloader.pin_fake import FakeBackend
+from shmloader.prefetch import DevicePrefetcher
+from shmloader.ring import SlotState
+
+ROWS, COLS = 64, 8
+Pair = namedtuple("Pair", "left right")
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
+    backend = FakeBackend()
+    make_backend = pinning.make_backend
+    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
+    monkeypatch.setattr(pinning, "make_backend", lambda name: backend if name == "fake" else make_backend(name))
+    return backend
+
+
+def pinned_loader(**kwargs: Any) -> shmloader.DataLoader:
+    data = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+    return shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=8, num_workers=1, pin_memory=True,
+                                persistent_workers=True, **kwargs)
+
+
+def expected(k: int) -> np.ndarray:
+    return np.arange(k * 8 * COLS, (k + 1) * 8 * COLS, dtype=np.float32).reshape(8, COLS)
+
+
+def alive(refs: list[weakref.ref]) -> bool:
+    gc.collect()
+    return any(r() is not None for r in refs)
+
+
+def leased(loader: Any) -> int:
+    ring = loader._iterator._ring
+    ring.collect_released()
+    return ring.count(SlotState.LEASED)
+
+
+@pytest.mark.timeout(60)
+def test_source_lease_is_held_until_its_event_completes(fake: FakeBackend) -> None:
+    loader = pinned_loader()
+    it = iter(shmloader.to_device(loader, "cpu", max_held=8))
+    (first,) = next(it)
+    assert [c.kind for c in fake.calls if c.kind in ("copy", "wait")] == ["copy", "copy", "wait"]
+    source0 = fake.sources[0]
+    assert source0 and alive(source0)  # batch 0's slot views: held while its copy may read them
+    for _ in range(3):
+        next(it)  # further batches; event 0 still not complete
+        assert alive(source0)
+    held_before = leased(loader)
+    fake.events[0].complete()
+    next(it)
+    assert not alive(source0)  # let go at the first step after its event completed
+    assert leased(loader) == held_before  # one released, the new batch's source took one
+    assert not fake.events[0].synchronized  # released by query(), no host wait
+    np.testing.assert_array_equal(np.asarray(first), expected(0))
+    del it
+    gc.collect()
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_slot_state_follows_the_event(fake: FakeBackend) -> None:
+    loader = pinned_loader()
+    it = iter(shmloader.to_device(loader, "cpu", max_held=8))
+    next(it)
+    ring = loader._iterator._ring
+    slot0 = next(s for s in ring.slots if s.task == 0)
+    gc.collect()
+    ring.collect_released()
+    assert slot0.state is SlotState.LEASED  # its copy has not finished: the lease is held
+    fake.events[0].complete()
+    next(it)
+    gc.collect()
+    ring.collect_released()
+    assert slot0.state is not SlotState.LEASED  # free (or already reassigned to a later task)
+    del it
+    gc.collect()
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_past_max_held_the_host_waits_for_the_oldest_copy(fake: FakeBackend) -> None:
+    loader = pinned_loader()
+    prefetcher = shmloader.to_device(loader, "cpu", max_held=1)
+    it = iter(prefetcher)
+    next(it)
+    next(it)  # two unfinished copies handed out: the older one is waited for and let go
+    assert fake.events[0].synchronized and not fake.events[1].synchronized
+    assert len(prefetcher.held) == 1
+    assert not alive(fake.sources[0]) and alive(fake.sources[1])
+    del it
+    gc.collect()
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_stopping_early_waits_for_every_copy_then_lets_go(fake: FakeBackend) -> None:
+    loader = pinned_loader()
+    prefetcher = shmloader.to_device(loader, "cpu", max_held=8)
+    got = []
+    for k, (x,) in enumerate(prefetcher):
+        got.append(x)
+        if k == 2:
+            break
+    gc.collect()  # closes the abandoned generator: its finally waits for the copies
+    assert len(fake.events) == 4  # batches 0..2 handed out, batch 3 already in flight
+    assert all(e.synchronized for e in fake.events)
+    assert not prefetcher.held
+    assert not any(alive(s) for s in fake.sources)
+    for k, x in enumerate(got):
+        np.testing.assert_array_equal(np.asarray(x), expected(k))
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_every_epoch_arrives_whole_and_equal(fake: FakeBackend) -> None:
+    fake.auto_complete = True
+    loader = pinned_loader()
+    prefetcher = shmloader.to_device(loader, "cpu")
+    assert len(prefetcher) == ROWS // 8
+    for _epoch in range(2):
+        moved = [x for (x,) in prefetcher]
+        assert len(moved) == ROWS // 8
+        for k, x in enumerate(moved):
+            np.testing.assert_array_equal(np.asarray(x), expected(k))
+    assert fake.count("stream") == 2  # one side stream per epoch
+    assert not any(alive(s) for s in fake.sources)
+    del moved, x
+    loader.close()
+
+
+def test_nested_structures_move_whole() -> None:
+    backend = FakeBackend(auto_complete=True)
+    a, b = np.ones((2, 3), np.float32), np.arange(4)
+    batch = {"x": [a, (b, "label")], "pair": Pair(a, 7), "name": "s"}
+    (moved,) = list(shmloader.to_device([batch], "cpu", transfer=backend))
+    assert set(moved) == {"x", "pair", "name"} and moved["name"] == "s"
+    assert isinstance(moved["x"], list) and isinstance(moved["x"][1], tuple)
+    assert isinstance(moved["pair"], Pair) and moved["pair"].right == 7
+    for out, src in ((moved["x"][0], a), (moved["x"][1][0], b), (moved["pair"].left, a)):
+        assert not isinstance(out, np.ndarray) or not np.shares_memory(out, src)
+        np.testing.assert_array_equal(np.asarray(out), src)
+    assert moved["x"][1][1] == "label"
+
+
+def test_numpy_arrays_become_tensors_on_the_device() -> None:
+    torch = pytest.importorskip("torch")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ((x, label),) = list(shmloader.to_device([(a, "l")], "cpu"))  # no pin backend: a plain .to()
+    assert isinstance(x, torch.Tensor) and x.device.type == "cpu" and label == "l"
+    assert torch.equal(x, torch.from_numpy(a))
+
+
+def test_max_held_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="max_held must be non-negative, got -1"):
+        DevicePrefetcher([], "cpu", max_held=-1)
+
+
+def test_importing_shmloader_imports_neither_torch_nor_cupy() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, shmloader, shmloader.prefetch, shmloader.pinning, shmloader.pin_fake; "
+            "print('torch' in sys.modules, 'cupy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"]

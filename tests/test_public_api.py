@@ -1,0 +1,39 @@
+"""The public surface is exactly ``__all__``, and importing shmloader imports neither torch nor cupy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import shmloader
+
+EXPECTED = {
+    "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
+    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderError", "PluginError", "PoisonTask",
+    "RandomSampler", "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError",
+    "StackDataset", "StateError", "Subset", "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler",
+    "WorkerDied", "WorkerHung", "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert",
+    "get_worker_info", "hookimpl", "random_split", "to_device", "__version__",
+}
+
+
+def test_all_is_exactly_the_public_surface():
+    assert set(shmloader.__all__) == EXPECTED
+    for name in shmloader.__all__:
+        assert getattr(shmloader, name) is not None
+
+
+def test_runtime_errors_subclass_what_torch_users_catch():
+    for cls in (shmloader.WorkerDied, shmloader.WorkerTimeout, shmloader.PoisonTask, shmloader.WorkerHung,
+                shmloader.RestartBudgetExceeded, shmloader.ShmSpaceError):
+        assert issubclass(cls, RuntimeError)
+    assert issubclass(shmloader.ConfigError, ValueError) and issubclass(shmloader.StateError, ValueError)
+
+
+@pytest.mark.timeout(60)
+def test_import_does_not_import_torch_or_cupy():
+    code = "import sys, shmloader; print('torch' in sys.modules, 'cupy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

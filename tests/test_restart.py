@@ -1,0 +1,166 @@
+"""The restart policy: ``on_worker_death='restart'`` replaces dead workers and re-sends their tasks.
+
+Workers are killed mid-epoch from inside ``__getitem__`` on the first attempt only (a marker file
+created with ``O_EXCL`` says a fault already fired), so every retry succeeds. The tests check that
+every batch is delivered exactly once, in order and with the right content; that per-task seeding
+makes a retried batch bit-identical to an undisturbed run; that a task killing every worker that
+runs it becomes a ``PoisonTask``; that ``max_restarts`` bounds a crash loop; that an
+IterableDataset refuses to restart; and that ``task_timeout_s`` kills a hung worker and retries its
+task.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fault_datasets as fd
+from shmloader import DataLoader, PoisonTask, RestartBudgetExceeded, WorkerDied
+
+METHODS = [m for m in ("fork", "spawn") if m in multiprocessing.get_all_start_methods()]
+N = 40
+BATCH = 4
+
+
+def expected_batches(n: int = N, batch: int = BATCH) -> list[np.ndarray]:
+    return [np.stack([fd.sample(i) for i in range(s, min(s + batch, n))]) for s in range(0, n, batch)]
+
+
+def assert_exactly_once_in_order(got: list[np.ndarray], n: int = N) -> None:
+    want = expected_batches(n)
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert np.array_equal(g, w), f"batch {k}: {g[:, 0]} != {w[:, 0]}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_batch_once_in_order_despite_kills(method: str, tmp_path: Any) -> None:
+    plan = {3: "kill", 9: "segv", 10: "exit", 22: "kill", 23: "kill", 37: "segv"}
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
+                        multiprocessing_context=method, on_worker_death="restart")
+    got = [b.copy() for b in loader]
+    assert_exactly_once_in_order(got)
+    stats = loader.stats()
+    assert stats["worker_deaths"] == stats["worker_restarts"] == len(plan)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"plan{i}" for i in plan)
+
+
+@pytest.mark.timeout(60)
+def test_out_of_order_delivery_is_still_exactly_once(tmp_path: Any) -> None:
+    plan = {1: "kill", 14: "kill", 30: "exit"}
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
+                        in_order=False, on_worker_death="restart")
+    got = sorted((b.copy() for b in loader), key=lambda b: int(b[0, 0]))
+    assert_exactly_once_in_order(got)
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_restart_then_next_epoch(tmp_path: Any) -> None:
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {5: "kill", 6: "kill"}), batch_size=BATCH,
+                        num_workers=2, persistent_workers=True, on_worker_death="restart", max_restarts=2)
+    with loader:
+        for _epoch in range(3):  # the budget is per epoch; the faults fire in the first only
+            assert_exactly_once_in_order([b.copy() for b in loader])
+    assert loader.stats()["worker_restarts"] == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_task_seeding_makes_a_retried_batch_bit_identical(method: str, tmp_path: Any) -> None:
+    def run(num_workers: int, once_dir: str | None, kill_at: tuple[int, ...]) -> list[np.ndarray]:
+        loader = DataLoader(fd.RandomDataset(N, once_dir, kill_at), batch_size=BATCH, num_workers=num_workers,
+                            multiprocessing_context=method, on_worker_death="restart", task_seeding=True,
+                            generator=7)
+        return [b.copy() for b in loader]
+
+    disturbed = run(2, str(tmp_path), (3, 17, 18, 31))
+    undisturbed = run(2, None, ())
+    one_worker = run(1, None, ())
+    assert len(disturbed) == len(undisturbed) == N // BATCH
+    assert all(np.array_equal(a, b) for a, b in zip(disturbed, undisturbed))
+    assert all(np.array_equal(a, b) for a, b in zip(one_worker, undisturbed))  # not tied to the worker
+    assert not np.array_equal(undisturbed[0], undisturbed[1])  # the samples really are random
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_poison_task_is_named_after_max_task_attempts(method: str) -> None:
+    loader = DataLoader(fd.FaultyDataset(20, "getitem", "kill", at=5), batch_size=2, num_workers=2,
+                        multiprocessing_context=method, on_worker_death="restart", max_task_attempts=2)
+    with pytest.raises(PoisonTask) as info:
+        for _ in loader:
+            pass
+    exc = info.value
+    assert (exc.task, exc.indices, exc.attempts) == (2, [4, 5], 2)
+    assert exc.tasks == {2: [4, 5]}
+    assert re.match(r"task 2 \(sample indices \[4\.\.5\]\) killed its worker on each of 2 attempts and is not "
+                    r"retried again: worker \d \(pid \d+\) died with signal SIGKILL \(9\); worker \d \(pid \d+\) "
+                    r"died with signal SIGKILL \(9\)\.", str(exc)), str(exc)
+    assert isinstance(exc, RuntimeError)
+
+
+@pytest.mark.timeout(60)
+def test_max_restarts_bounds_a_crash_loop_at_start() -> None:
+    loader = DataLoader(fd.FaultyDataset(20), worker_init_fn=fd.FaultyInit("exit"), batch_size=2, num_workers=2,
+                        on_worker_death="restart", max_restarts=3)
+    with pytest.raises(RestartBudgetExceeded) as info:
+        next(iter(loader))
+    exc = info.value
+    assert isinstance(exc, WorkerDied) and exc.exitcode == 3
+    assert loader.stats()["worker_restarts"] == 3
+    assert re.search(r"exit code 3 while starting .* before it took a task.*the restart budget of max_restarts=3 "
+                     r"restarts this epoch is spent", str(exc)), str(exc)
+
+
+@pytest.mark.timeout(60)
+def test_max_restarts_bounds_deaths_spread_over_tasks(tmp_path: Any) -> None:
+    plan = {i: "kill" for i in range(0, N, 3)}  # each task kills once: none is poison, but too many deaths
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
+                        on_worker_death="restart", max_restarts=4)
+    got = []
+    with pytest.raises(RestartBudgetExceeded, match=r"SIGKILL \(9\) while running task \d+ .*max_restarts=4"):
+        for b in loader:
+            got.append(b.copy())
+    assert loader.stats()["worker_restarts"] == 4
+    assert_exactly_once_in_order(got, n=len(got) * BATCH)  # what did arrive was right
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_iterable_dataset_cannot_restart(method: str) -> None:
+    loader = DataLoader(fd.KillingStream(20, at=7), batch_size=2, num_workers=2, multiprocessing_context=method,
+                        on_worker_death="restart")
+    with pytest.raises(WorkerDied) as info:
+        for _ in loader:
+            pass
+    exc = info.value
+    assert not isinstance(exc, RestartBudgetExceeded)
+    assert exc.worker_id == 1 and exc.signal == 9
+    assert "(iterable dataset: no sample indices)" in str(exc)
+    assert "cannot be restarted, even with on_worker_death='restart'" in str(exc)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_hung_worker_is_killed_and_its_task_retried(method: str, tmp_path: Any) -> None:
+    deadline_s = 0.5
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {13: "hang"}), batch_size=BATCH, num_workers=2,
+                        multiprocessing_context=method, on_worker_death="restart", task_timeout_s=deadline_s)
+    started = time.monotonic()
+    got = [b.copy() for b in loader]
+    assert time.monotonic() - started >= deadline_s  # the hang was waited out, not skipped
+    assert_exactly_once_in_order(got)
+    assert loader.stats()["worker_restarts"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_restart_is_configurable_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("SHMLOADER_ON_WORKER_DEATH", "restart")
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {6: "kill"}), batch_size=BATCH, num_workers=1)
+    assert_exactly_once_in_order([b.copy() for b in loader])

@@ -1,0 +1,58 @@
+"""Short, bounded runs of the stress scripts, each in its own process, as CI runs them.
+
+Each script must end with exactly one ``PASS ...`` line and exit 0. kill_workers must survive a
+meaningful number of worker deaths; shm_pressure uses a small tmpfs when this process may mount one
+and otherwise a reported budget. The scripts check by themselves that nothing is left behind; this
+test checks it again from outside (no process, no segment of the script's pid).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+STRESS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stress")
+
+
+def run(script: str, *args: str, timeout_s: float) -> tuple[str, int]:
+    proc = subprocess.run([sys.executable, os.path.join(STRESS, script), *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=STRESS)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-3000:]
+    last = lines[-1]
+    assert proc.returncode == 0 and last.startswith("PASS "), f"{last}\n{proc.stderr[-3000:]}"
+    assert [ln for ln in lines if ln.startswith(("PASS ", "FAIL "))] == [last]  # one verdict, the last line
+    return last, proc.returncode
+
+
+@pytest.mark.timeout(120)
+def test_kill_workers_short() -> None:
+    last, _ = run("kill_workers.py", "--kills", "60", "--seconds", "60", timeout_s=110)
+    deaths = int(re.search(r"survived (\d+) worker deaths", last).group(1))  # type: ignore[union-attr]
+    assert deaths >= 60
+    assert "0 lost, 0 duplicated" in last
+
+
+@pytest.mark.timeout(120)
+def test_soak_short() -> None:
+    last, _ = run("soak.py", "--epochs", "12", "--seconds", "30", timeout_s=110)
+    assert re.search(r"soak: 12 epochs, 192 batches", last), last
+
+
+@pytest.mark.timeout(120)
+def test_shm_pressure() -> None:
+    last, _ = run("shm_pressure.py", timeout_s=110)
+    for scenario in ("preflight:", "growth:", "filled:"):
+        assert scenario in last
+
+
+@pytest.mark.timeout(90)
+def test_a_failing_run_says_fail() -> None:
+    proc = subprocess.run([sys.executable, os.path.join(STRESS, "soak.py"), "--epochs", "1", "--warmup", "3"],
+                          capture_output=True, text=True, timeout=60, cwd=STRESS)
+    assert proc.returncode == 1
+    assert proc.stdout.strip().splitlines()[-1].startswith("FAIL soak: only 1 epochs")
