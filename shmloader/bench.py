@@ -66,6 +66,7 @@ class Options:
     start_method: str
     plot: str | None
     device: str
+    epoch_bars: bool = False  # a tqdm bar per shmloader epoch, through the Progress observer plugin
 
     def batches_for(self, workload: Workload) -> int:
         return self.batches if self.batches is not None else workload.default_batches
@@ -89,6 +90,7 @@ def parse_args(argv: list[str] | None) -> Options:
         start_method=ns.start_method,
         plot=ns.plot,
         device=ns.device,
+        epoch_bars=ns.epoch_bars,
     )
 
 
@@ -108,6 +110,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print a JSON document on stdout; the table goes to stderr")
     p.add_argument("--no-torch", action="store_true", help="measure shmloader only")
+    p.add_argument("--epoch-bars", action="store_true",
+                   help="show shmloader's own per-epoch progress bar (the Progress observer plugin)")
     p.add_argument("--no-shmloader", action="store_true", help="measure torch only")
     p.add_argument("--start-method", choices=START_METHODS, default="fork",
                    help="multiprocessing_context of both loaders (default: fork)")
@@ -221,12 +225,23 @@ def _run(opts: Options) -> int:
 
 
 def _header_extra(opts: Options) -> dict[str, Any]:
-    if opts.device == "cpu" or "shmloader" not in opts.loaders:
+    if "shmloader" not in opts.loaders:
         return {}
-    import shmloader
+    extra = {"plugin_hook_cost_us_per_batch": _hook_costs()}
+    if opts.device != "cpu":
+        import shmloader
 
-    mover = "shmloader.to_device" if hasattr(shmloader, "to_device") else "per-batch .to()"
-    return {"shmloader_device_transfer": mover}
+        mover = "shmloader.to_device" if hasattr(shmloader, "to_device") else "per-batch .to()"
+        extra["shmloader_device_transfer"] = mover
+    return extra
+
+
+def _hook_costs() -> str:
+    """Main-process cost of the observer hooks per batch (built-in stats, plus 1 and 4 observers)."""
+    from .events import hook_cost_ns
+
+    costs = {n: hook_cost_ns(n, calls=2_000, repeats=10) / 1000 for n in (0, 1, 4)}
+    return ", ".join(f"{cost:.1f} ({n} extra observers)" for n, cost in costs.items())
 
 
 def _emit(opts: Options, header: dict[str, Any], results: list[Measurement],
@@ -291,6 +306,11 @@ def make_loader(name: str, workload: Workload, num_workers: int, opts: Options) 
         kwargs["persistent_workers"] = True
         kwargs["multiprocessing_context"] = opts.start_method
     dataset = workload.dataset(opts.warmup + opts.batches_for(workload))
+    if name == "shmloader" and opts.epoch_bars:
+        from .builtin.progress import Progress
+
+        total = opts.warmup + opts.batches_for(workload)
+        kwargs["plugins"] = [Progress(total=total, desc=f"{workload.name} workers={num_workers}", leave=False)]
     return loader_class(dataset, **kwargs)
 
 

@@ -31,12 +31,12 @@ from .errors import DescriptorError
 PROTOCOL = 5
 
 
-def _torch_tensor_type() -> type | None:
+def _torch_tensor_type() -> Any:
     torch = sys.modules.get("torch")
     return None if torch is None else torch.Tensor
 
 
-def _is_plain_cpu_tensor(obj: Any, tensor_type: type) -> bool:
+def _is_plain_cpu_tensor(obj: Any, tensor_type: Any) -> bool:
     return (
         type(obj) is tensor_type
         and obj.device.type == "cpu"
@@ -163,9 +163,8 @@ def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
 
 
 def _torch_dtype(name: str) -> Any:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import torch  # noqa: F811  (a worker sent a tensor, so torch is installed)
+    import torch  # a worker sent a tensor, so torch is installed (and usually imported already)
+
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise DescriptorError(f"unknown torch dtype in descriptor: {name!r}")

@@ -79,6 +79,7 @@ class DataLoader(Generic[T_co]):
     """
 
     _to_torch = False
+    _explicit: dict[str, Any]  # set by _records_explicit before __init__ runs
     __initialized = False
     _epoch_count = 0  # epochs started (state.py numbers epochs with it; load_state_dict restores it)
     _record: Any = None  # the latest epoch's state.EpochRecord

@@ -89,6 +89,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         super()._reset(loader)
         for rec, _msg in self._reorder.drain():
             self._ring.free(rec.slot)
+        # slots the user held last epoch and has let go of since are unlinked, not kept forever
+        self._ring.shrink_to(self._prefetch * self._num_workers + 2)
+        self._flush_detach()
         self._epoch = self._record.epoch
         if self._iterable:
             self._pool.broadcast(Reset(self._epoch))

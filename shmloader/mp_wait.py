@@ -15,6 +15,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
+from collections.abc import Callable
 from typing import Any
 
 from . import faults
@@ -41,12 +42,25 @@ class TaskRecord:
 class WaitAndRecover:
     """Step 3 of ``MultiProcessIter``: wait, process replies, handle deaths and hangs."""
 
+    # state and steps of MultiProcessIter that this mixin reads and calls
     _pool: Any
     _ring: Any
     _reorder: Any
+    _loader: Any
+    _cfg: Any
+    _events: Any
     _inflight: dict[tuple[int, int], TaskRecord]
     _policy: faults.FaultPolicy
     _epoch: int
+    _iterable: bool
+    _timeout: float
+    _restarts: int
+    _slot_bytes: int
+    _fail: Callable[[BaseException], BaseException]
+    _send: Callable[[WorkerHandle, TaskRecord], None]
+    _flush_detach: Callable[[], None]
+    _capacity: Callable[[], int]
+    _worker_exception: Callable[[Failed, int, TaskRecord | None], BaseException]
 
     # -- 3. wait and process -------------------------------------------------------------------
     # A death the policy turns into an error is raised at the next wait, so batches that were

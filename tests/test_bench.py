@@ -297,3 +297,12 @@ def test_failed_measurement_is_reported_not_divided() -> None:
     assert results[0].batches_per_s == 0.0
     text = format_results(results)
     assert "failed" in text and "RuntimeError: boom" in text
+
+
+@pytest.mark.timeout(180)
+def test_epoch_bars_use_the_progress_observer_and_header_states_hook_cost():
+    pytest.importorskip("tqdm")
+    proc = run_bench("--workloads", "tiny", "--batches", "20", "--workers", "1", "--no-torch", "--epoch-bars")
+    assert proc.returncode == 0, proc.stderr
+    assert "batch/s" in proc.stderr or "batch]" in proc.stderr  # the observer's bar, unit "batch"
+    assert "plugin_hook_cost_us_per_batch" in proc.stdout + proc.stderr

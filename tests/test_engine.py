@@ -156,6 +156,7 @@ def test_breaking_out_with_persistent_workers_reclaims_the_epoch():
     dl.close()
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # torch warns too
 def test_in_order_false_yields_every_batch_once():
     got = [int(b["y"][0]) for b in loader(Squares(40), batch_size=2, num_workers=3, in_order=False)]
     assert sorted(got) == list(range(0, 40, 2))
@@ -239,4 +240,19 @@ def test_explicit_slot_bytes_sizes_the_first_slots():
     dl = loader(Squares(8), batch_size=4, num_workers=1, slot_bytes=8192, persistent_workers=True)
     assert [b["y"].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert all(s.size_bytes == 8192 for s in dl._iterator._ring.slots)
+    dl.close()
+
+
+def test_ring_shrinks_back_after_held_batches_are_dropped():
+    dl = loader(Squares(60), batch_size=3, num_workers=2, persistent_workers=True)
+    kept = list(dl)
+    ring = dl._iterator._ring
+    grown = len(ring.slots)
+    assert grown >= 20  # every batch was held, so every one got its own slot
+    names = {s.segment.name for s in ring.slots}
+    del kept
+    gc.collect()
+    assert [int(b["y"][0]) for b in dl] == list(range(0, 60, 3))  # next epoch, batches dropped as we go
+    assert len(ring.slots) <= 2 * 2 + 2
+    assert sum(os.path.exists(f"/dev/shm/{n}") for n in names) <= 2 * 2 + 2
     dl.close()
