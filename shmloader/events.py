@@ -92,11 +92,9 @@ class Events:
         except Exception as exc:
             self._raise("shmloader_batch_ready", exc)
 
-    def epoch_end(self, epoch: int | None = None) -> None:
-        """An epoch ended. Observers get the loader's epoch count (from 0), whatever ``epoch`` says.
-
-        The iterator's own number restarts at 0 for each non-persistent iterator; the loader's does not.
-        """
+    def epoch_end(self) -> None:
+        """An epoch ended. Observers get the loader's epoch count (from 0): an iterator's own
+        number restarts at 0 for each non-persistent iterator; the loader's does not."""
         index = self.stats.count_epoch()
         try:
             self.plugins.hook.shmloader_epoch_end(epoch=index, stats=self.stats.summary())

@@ -23,6 +23,7 @@ from typing import Any
 
 from . import state as _state
 from ._generators import draw_base_seed
+from .errors import PluginError
 from .worker_info import generate_state, task_seed
 from .worker_main import make_fetcher, run_collate
 
@@ -85,7 +86,20 @@ class BaseIter:
         """This epoch's state (plain, JSON-serialisable); load it with ``loader.load_state_dict``."""
         return _state.loader_state(self._loader, self._record)
 
+    _observer_error: BaseException | None = None
+
+    def _report_batch(self, *event: Any) -> None:
+        """Tell the observers a batch is out. An observer's error is raised at the next ``next()``,
+        so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md)."""
+        try:
+            self._loader._events.batch_ready(*event)
+        except PluginError as exc:
+            self._observer_error = exc
+
     def __next__(self) -> Any:
+        if self._observer_error is not None:
+            exc, self._observer_error = self._observer_error, None
+            raise exc
         try:
             while self._fast_forward:  # resume of an iterable dataset: drop what was delivered before
                 self._next_data()
@@ -152,7 +166,7 @@ class SingleProcessIter(BaseIter):
         t2 = time.perf_counter()
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
-        self._loader._events.batch_ready(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
+        self._report_batch(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
         return self._loader._finish_batch(batch)
 
 

@@ -264,7 +264,7 @@ class DataLoader(Generic[T_co]):
     def _default_collate_fn(self) -> Callable[[Any], Any]:
         if self._auto_collation:
             return _collate.torch_default_collate if self._to_torch else _collate.default_collate
-        return _torch_default_convert if self._to_torch else _collate.default_convert
+        return _collate.torch_default_convert if self._to_torch else _collate.default_convert
 
     def _collate_plan(self) -> tuple[str, bool]:
         """(collate kind, to_torch) for the worker: collate into the slot whenever it is ours or torch's."""
@@ -276,7 +276,7 @@ class DataLoader(Generic[T_co]):
             return "builtin", True
         if fn is _collate.default_convert:
             return "convert", False
-        if fn is _torch_default_convert or (torch_data is not None and fn is torch_data.default_convert):
+        if fn is _collate.torch_default_convert or (torch_data is not None and fn is torch_data.default_convert):
             return "convert", True
         return "user", False
 
@@ -327,8 +327,3 @@ def _torch_data_module() -> Any:
 
     torch = sys.modules.get("torch")
     return None if torch is None else getattr(getattr(torch, "utils", None), "data", None)
-
-
-def _torch_default_convert(data: Any) -> Any:
-    """torch's default_convert (batch_size=None) for ``shmloader.torch.DataLoader``."""
-    return _collate.default_convert(data, to_torch=True)

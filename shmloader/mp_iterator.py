@@ -159,7 +159,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     def _end_epoch(self) -> None:
         self._state = IterState.EXHAUSTED
-        self._events.epoch_end(self._epoch)
+        self._events.epoch_end()
         if not self._loader.persistent_workers:
             self.close()
 
@@ -249,9 +249,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         batch, _views = codec.decode(msg.payload, buf, rec.slot.size_bytes)
         del buf  # the views alone keep the slot now; none at all frees it
         self._record.delivered.add(rec.task)
-        self._events.batch_ready(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
-                                 time.monotonic() - self._started, len(self._reorder), len(self._inflight),
-                                 len(self._ring.slots))
+        self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
+                           time.monotonic() - self._started, len(self._reorder), len(self._inflight),
+                           len(self._ring.slots))
         return self._loader._finish_batch(batch)
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:

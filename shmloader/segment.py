@@ -42,12 +42,22 @@ def new_name(owner_pid: int | None = None) -> str:
     return f"{PREFIX}{pid}_{_token}_{next(_serial)}"
 
 
+_MAX_PID = 1 << 22  # Linux's pid_max ceiling; a larger number in a name is not a pid
+
+
 def owner_pid(name: str) -> int | None:
-    """The owner pid encoded in a segment name, or None if the name is not ours."""
+    """The owner pid encoded in a segment name ``shml_<pid>_...``, or None if the name is not ours.
+
+    Any file may sit in the shm directory: only ASCII digits of a plausible pid count, so a
+    stranger's file can never make the sweeper raise.
+    """
     if not name.startswith(PREFIX):
         return None
-    head = name[len(PREFIX):].split("_", 1)[0]
-    return int(head) if head.isdigit() else None
+    pid_text, sep, _rest = name[len(PREFIX):].partition("_")
+    if not sep or not (pid_text.isascii() and pid_text.isdigit()):
+        return None
+    pid = int(pid_text)
+    return pid if 0 < pid <= _MAX_PID else None
 
 
 def _tracked(shm_dir: str) -> bool:

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import psutil
 
+from .segment import PREFIX, owner_pid
+
 __all__ = ["PREFIX", "Leftover", "owner_of", "dead_segments", "sweep_dead_segments", "leftovers"]
 
-PREFIX = "shml_"
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,7 @@ class Leftover:
 
 def owner_of(name: str) -> int | None:
     """The owner pid encoded in a segment name ``shml_<pid>_...``, or None when not ours."""
-    if not name.startswith(PREFIX):
-        return None
-    pid_text, sep, _rest = name[len(PREFIX):].partition("_")
-    if not sep or not pid_text.isdigit():
-        return None
-    pid = int(pid_text)
-    return pid if pid > 0 else None
+    return owner_pid(name)
 
 
 def _alive(pid: int) -> bool:

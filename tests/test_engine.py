@@ -256,3 +256,17 @@ def test_ring_shrinks_back_after_held_batches_are_dropped():
     assert len(ring.slots) <= 2 * 2 + 2
     assert sum(os.path.exists(f"/dev/shm/{n}") for n in names) <= 2 * 2 + 2
     dl.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_one_behaviour_under_every_start_method(method):
+    """Oversize regrowth, a worker exception and iterable interleaving, under each start method."""
+    got = list(loader(VarLen(8, grow=150_000), batch_size=4, num_workers=2, multiprocessing_context=method))
+    assert [b.shape for b in got] == [(4, 150_000), (4, 300_000)]
+    it = iter(loader(FailsAt(2, n=6), batch_size=2, num_workers=1, multiprocessing_context=method))
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(KeyError, match="no sample 2"):
+        next(it)
+    assert [b.tolist() for b in it] == [[4, 5]]
+    assert [int(x) for x in loader(Range(3, 7), batch_size=None, num_workers=2,
+                                   multiprocessing_context=method)] == [3, 5, 4, 6]

@@ -103,7 +103,7 @@ def test_observer_taking_a_subset_of_arguments_is_called():
     ("worker_started", (0, 1)),
     ("worker_died", (0, 1, -9, {})),
     ("worker_restarted", (0, 2, 1)),
-    ("epoch_end", (0,)),
+    ("epoch_end", ()),
 ])
 def test_every_observer_hook_error_names_plugin_and_hook(event, args):
     hook = f"shmloader_{event}"
@@ -159,3 +159,31 @@ def test_hook_cost_is_measurable():
 
     cost = hook_cost_ns(observers=1, calls=200, repeats=2)
     assert 0 < cost < 1e6
+
+
+class _FailsOnThird:
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def shmloader_batch_ready(self, task: int) -> None:
+        self.seen += 1
+        if self.seen == 3:
+            raise OSError("disk full")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_observer_error_loses_no_batch(workers):
+    import numpy as np
+
+    import shmloader
+
+    ds = shmloader.ArrayDataset(np.arange(20))
+    kw = {"num_workers": workers, "multiprocessing_context": "fork"} if workers else {}
+    dl = shmloader.DataLoader(ds, batch_size=2, plugins=[_FailsOnThird()], **kw)
+    it = iter(dl)
+    got = [int(next(it)[0][0]) for _ in range(3)]  # the third batch still arrives
+    with pytest.raises(PluginError, match="disk full"):
+        next(it)  # ... and the observer's error comes with the next call
+    got += [int(b[0][0]) for b in it]
+    assert got == list(range(0, 20, 2))  # nothing skipped, nothing repeated

@@ -37,3 +37,13 @@ def test_import_does_not_import_torch_or_cupy():
     code = "import sys, shmloader; print('torch' in sys.modules, 'cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_torch_flavour_exports_torch_collate_and_convert():
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from shmloader.torch import default_collate, default_convert
+
+    assert isinstance(default_convert(np.zeros(2)), torch.Tensor)  # as torch's default_convert
+    assert torch.equal(default_collate([np.ones(2), np.ones(2)]), torch.ones(2, 2, dtype=torch.float64))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch as _torch  # noqa: F401  (this module is the torch flavour)
 
-from ..collate import default_convert, torch_default_collate as default_collate
+from ..collate import torch_default_collate as default_collate
+from ..collate import torch_default_convert as default_convert
 from ..loader import DataLoader as _NumpyDataLoader
 
 
