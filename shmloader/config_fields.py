@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import operator
 import os
 import re
 from collections.abc import Callable
@@ -125,9 +126,13 @@ def _check_int(minimum: int) -> Checker:
     in_range = _at_least(minimum)
 
     def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool):
             raise _Invalid("is not an integer")
-        return int(in_range(value))
+        try:
+            number = operator.index(value)  # int, numpy integers, anything integer-like
+        except TypeError:
+            raise _Invalid("is not an integer") from None
+        return int(in_range(number))
     return check
 
 

@@ -332,3 +332,10 @@ def test_verbose_level_attaches_one_stderr_handler_only_without_root_handlers(mo
         assert logger.handlers == before
     finally:
         apply_log_level("WARNING")
+
+
+def test_numpy_integers_are_accepted_as_integer_options():
+    import numpy as np
+
+    cfg = resolve_config({"max_slots": np.int64(8), "max_restarts": np.int32(2)}, environ={})
+    assert cfg.max_slots == 8 and type(cfg.max_slots) is int and cfg.max_restarts == 2
