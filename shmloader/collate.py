@@ -16,6 +16,8 @@ Promises:
 - a sample type finds its rule by exact type, then along its MRO, then by ``issubclass`` (ABCs,
   tuples of types): first in the ``rules`` passed in, then in the registry
   (:func:`register_collate_rule`), then in the built-in rules, which follow torch's order;
+  lookups are cached (a ``rules`` mapping is read once per sample type while the same mapping
+  object is passed, so pass a new mapping rather than changing one in place);
 - errors name the field (``batch['image'][0]``) and keep torch's type and wording;
 - importing this module does not import torch.
 
@@ -26,8 +28,6 @@ Sample-type semantics are in :mod:`shmloader.collate_rules` (numpy mode and cont
 from __future__ import annotations
 
 import collections.abc as abc
-import copy
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -36,7 +36,12 @@ import numpy as np
 
 from shmloader import collate_rules as _rules
 from shmloader import collate_torch as _torch_rules
-from shmloader.collate_rules import CollateShapeError
+from shmloader.collate_rules import (
+    _STR_OBJ_DTYPE,
+    CollateShapeError,
+    rebuild_mapping,
+    rebuild_sequence,
+)
 
 __all__ = [
     "Alloc",
@@ -51,6 +56,7 @@ __all__ = [
     "register_collate_rule",
     "registered_collate_rules",
     "torch_default_collate",
+    "torch_default_convert",
     "unregister_collate_rule",
 ]
 
@@ -117,6 +123,9 @@ class CollateContext:
 
 _registry: dict[Any, CollateRule] = {}
 _resolved: tuple[dict[type, CollateRule], dict[type, CollateRule]] = ({}, {})
+# The last ``rules`` mapping passed in and what it gives each sample type (None: no rule there).
+# One entry, keyed by the mapping object itself: workers pass the same mapping for every batch.
+_passed: tuple[Mapping[Any, CollateRule] | None, dict[type, CollateRule | None]] = (None, {})
 
 
 def register_collate_rule(type_: type | tuple[type, ...], fn: CollateRule) -> CollateRule:
@@ -144,16 +153,31 @@ def registered_collate_rules() -> dict[Any, CollateRule]:
 
 
 def _clear_resolved() -> None:
+    global _passed
     for cache in _resolved:
         cache.clear()
+    _passed = (None, {})
 
 
 def find_rule(tp: type, rules: Mapping[Any, CollateRule] | None, to_torch: bool) -> CollateRule:
-    """The rule for sample type ``tp``: the ``rules`` given, then the registry, then built-ins."""
+    """The rule for sample type ``tp``: the ``rules`` given, then the registry, then built-ins.
+
+    Lookups are cached: the built-in and registered ones until the registry changes; those in
+    ``rules`` for as long as the same mapping object is passed (so a mapping changed in place
+    after use is not re-read: pass a new mapping instead).
+    """
+    global _passed
     if rules:
-        rule = _lookup(rules, tp)
-        if rule is not None:
-            return rule
+        cached_rules, found = _passed
+        if cached_rules is not rules:
+            found = {}
+            _passed = (rules, found)
+        try:
+            passed_rule = found[tp]
+        except KeyError:
+            passed_rule = found[tp] = _lookup(rules, tp)
+        if passed_rule is not None:
+            return passed_rule
     cache = _resolved[to_torch]
     try:
         return cache[tp]
@@ -219,7 +243,7 @@ def collate(
 ) -> Any:
     """Collate a list of samples into one batch, asking ``alloc`` for every output array."""
     if to_torch:
-        _import_torch()  # torch mode makes tensors; imported only now, not with shmloader
+        _torch_rules._torch()  # torch mode makes tensors; imported only now, not with shmloader
     ctx = CollateContext(alloc, to_torch, rules)
     return find_rule(type(batch[0]), rules, to_torch)(batch, ctx)
 
@@ -234,7 +258,9 @@ def torch_default_collate(batch: Sequence[Any]) -> Any:
     return collate(batch, to_torch=True)
 
 
-_STR_OBJ_DTYPE = re.compile(r"[SaUO]")
+def torch_default_convert(data: Any) -> Any:
+    """Exactly what ``torch.utils.data.default_convert`` returns (``default_convert(data, to_torch=True)``)."""
+    return default_convert(data, to_torch=True)
 
 
 def default_convert(data: Any, *, to_torch: bool = False) -> Any:
@@ -244,13 +270,7 @@ def default_convert(data: Any, *, to_torch: bool = False) -> Any:
     arrays and scalars become tensors (``torch.as_tensor``, sharing memory where torch does),
     except arrays of strings or objects; in numpy mode every leaf is returned unchanged.
     """
-    return _convert(data, _import_torch() if to_torch else None)
-
-
-def _import_torch() -> Any:
-    import torch  # noqa: PLC0415  (lazy: import shmloader must not import torch)
-
-    return torch
+    return _convert(data, _torch_rules._torch() if to_torch else None)
 
 
 def _convert(data: Any, torch: Any) -> Any:
@@ -265,35 +285,10 @@ def _convert(data: Any, torch: Any) -> Any:
             return data
         return torch.as_tensor(data)
     if isinstance(data, abc.Mapping):
-        return _convert_mapping(data, torch)
+        return rebuild_mapping(data, {key: _convert(data[key], torch) for key in data})
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return elem_type(*(_convert(d, torch) for d in data))
-    if isinstance(data, tuple):
-        return [_convert(d, torch) for d in data]  # torch: "Backwards compatibility."
     if isinstance(data, abc.Sequence) and not isinstance(data, (str, bytes)):
-        return _convert_sequence(data, torch)
+        # tuples become lists here (torch: "Backwards compatibility.")
+        return rebuild_sequence(data, [_convert(d, torch) for d in data])
     return data
-
-
-def _convert_mapping(data: Mapping[Any, Any], torch: Any) -> Any:
-    try:
-        if isinstance(data, abc.MutableMapping):
-            clone = copy.copy(data)
-            clone.update({key: _convert(data[key], torch) for key in data})
-            return clone
-        converted = {key: _convert(data[key], torch) for key in data}
-        return type(data)(converted)  # type: ignore[call-arg]
-    except TypeError:
-        return {key: _convert(data[key], torch) for key in data}
-
-
-def _convert_sequence(data: Sequence[Any], torch: Any) -> Any:
-    try:
-        if isinstance(data, abc.MutableSequence):
-            clone = copy.copy(data)
-            for i, d in enumerate(data):
-                clone[i] = _convert(d, torch)
-            return clone
-        return type(data)([_convert(d, torch) for d in data])  # type: ignore[call-arg]
-    except TypeError:
-        return [_convert(d, torch) for d in data]

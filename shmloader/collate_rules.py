@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import MutableMapping, MutableSequence, Sequence
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,8 @@ __all__ = [
     "collate_sequences",
     "keep_batch",
     "raise_shape_error",
+    "rebuild_mapping",
+    "rebuild_sequence",
     "reject",
     "stack_checked",
     "stack_into",
@@ -57,8 +59,11 @@ UNSUPPORTED_MESSAGE = (
     "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 )
 _UNEQUAL_LENGTH_MESSAGE = "each element in list of batch should be of equal size"
-
-
+# Sample types the number fast paths write straight into alloc (numpy converts them exactly).
+_PY_NUMBERS = frozenset({float, int, bool})
+_PY_COMPLEX = frozenset({complex, float, int, bool})
+_FLOAT64 = np.dtype(np.float64)
+_COMPLEX128 = np.dtype(np.complex128)
 
 class CollateShapeError(RuntimeError):
     """Samples at one field of a batch differ in shape, so they cannot be stacked.
@@ -109,12 +114,22 @@ def keep_batch(batch: Sequence[Any], ctx: CollateContext) -> Any:
 
 
 def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """A batch of numpy arrays: one stacked array written into alloc (dtype promoted if mixed)."""
+    """A batch of numpy arrays: one stacked array written into alloc (dtype promoted if mixed).
+
+    The promoted dtype is checked, not only the first sample's, so a string or object array
+    anywhere in the batch raises torch's TypeError whatever the order of the samples.
+    """
     elem = batch[0]
-    check_array_dtype(elem, ctx)
     if len(set(map(type, batch))) > 1:  # lists or numbers mixed in: make them arrays first
         batch = [np.asarray(sample) for sample in batch]
-    dtype = np.result_type(*batch)
+    try:
+        dtype = np.result_type(*batch)
+    except TypeError:  # no common dtype: name a string/object sample if there is one
+        for sample in batch:
+            check_array_dtype(sample, ctx)
+        raise
+    if _STR_OBJ_DTYPE.search(dtype.str) is not None:
+        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(dtype)} (at {ctx.path})")
     if not dtype.isnative:
         dtype = dtype.newbyteorder("=")
     out = ctx.alloc((len(batch), *elem.shape), dtype)
@@ -169,18 +184,28 @@ def write_array(arr: np.ndarray, ctx: CollateContext) -> np.ndarray:
 
 
 def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """numpy scalars (datetime64 and void too): an array of their dtype, promoted if mixed."""
+    """numpy scalars (datetime64 and void too): an array of their dtype, promoted if mixed.
+
+    Strings or objects mixed in (numpy would make a string or object array): torch's TypeError,
+    naming the first such sample's type and the field.
+    """
     arr = np.asarray(batch)
-    if arr.dtype.hasobject:
-        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(type(batch[0]))} (at {ctx.path})")
+    if arr.dtype.hasobject or arr.dtype.kind in "SU":
+        found = next(
+            (type(s) for s in batch if not isinstance(s, np.generic) or s.dtype.kind in "SUO"),
+            type(batch[0]),
+        )
+        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(found)} (at {ctx.path})")
     return write_array(arr, ctx)
 
 
 def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """Python floats: a float64 array."""
-    out = ctx.alloc((len(batch),), np.dtype(np.float64))
-    out[...] = batch
-    return out
+    """Python floats: a float64 array; anything numpy cannot make a number raises TypeError."""
+    if set(map(type, batch)) <= _PY_NUMBERS:
+        out = ctx.alloc((len(batch),), _FLOAT64)
+        out[...] = batch
+        return out
+    return _write_numbers(batch, "floats", "biuf", _FLOAT64, ctx)
 
 
 _INT_KINDS = {"b": None, "i": np.dtype(np.int64), "u": None, "f": np.dtype(np.float64)}
@@ -191,10 +216,7 @@ def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
     arr = np.asarray(batch)
     kind = arr.dtype.kind
     if kind not in _INT_KINDS and kind != "c":
-        raise TypeError(
-            f"cannot collate a batch of ints with {type(batch[0])} first into one array: "
-            f"numpy made dtype {arr.dtype} (at {ctx.path})"
-        )
+        raise _not_numbers(batch, "ints", f"numpy made dtype {arr.dtype}", ctx)
     wanted = _INT_KINDS.get(kind)
     if wanted is not None and arr.dtype != wanted:
         arr = arr.astype(wanted)
@@ -203,8 +225,38 @@ def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
 
 def collate_complex(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python complex numbers: a complex128 array (torch's default_collate rejects them)."""
-    out = ctx.alloc((len(batch),), np.dtype(np.complex128))
-    out[...] = batch
+    if set(map(type, batch)) <= _PY_COMPLEX:
+        out = ctx.alloc((len(batch),), _COMPLEX128)
+        out[...] = batch
+        return out
+    return _write_numbers(batch, "complex numbers", "biufc", _COMPLEX128, ctx)
+
+
+def _numbers_array(batch: Sequence[Any], what: str, kinds: str, ctx: CollateContext) -> np.ndarray:
+    """``np.asarray(batch)``, or a TypeError naming the field if numpy makes no number of ``kinds``."""
+    try:
+        arr = np.asarray(batch)
+    except ValueError as exc:  # ragged: sequences mixed in
+        raise _not_numbers(batch, what, str(exc), ctx) from exc
+    if arr.dtype.kind not in kinds:
+        raise _not_numbers(batch, what, f"numpy made dtype {arr.dtype}", ctx)
+    return arr
+
+
+def _not_numbers(batch: Sequence[Any], what: str, detail: str, ctx: CollateContext) -> TypeError:
+    return TypeError(
+        f"cannot collate a batch of {what} with {type(batch[0])} first into one array: "
+        f"{detail} (at {ctx.path})"
+    )
+
+
+def _write_numbers(
+    batch: Sequence[Any], what: str, kinds: str, dtype: np.dtype, ctx: CollateContext
+) -> np.ndarray:
+    """Numbers of mixed types (numpy scalars among Python ones): checked, then one ``dtype`` array."""
+    arr = _numbers_array(batch, what, kinds, ctx)
+    out = ctx.alloc(arr.shape, dtype)
+    out[...] = arr
     return out
 
 
@@ -217,14 +269,23 @@ def collate_mappings(batch: Sequence[Any], ctx: CollateContext) -> Any:
     values = {
         key: ctx.collate(list(map(itemgetter(key), batch)), f"[{key!r}]") for key in elem
     }
+    return rebuild_mapping(elem, values)
+
+
+def rebuild_mapping(template: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
+    """A mapping like ``template`` holding ``values`` (its keys), rebuilt as torch rebuilds one.
+
+    Mutable mappings are cloned (``copy.copy``) and updated, since the type may carry extra
+    state; others are made as ``type(template)(values)``; if either raises TypeError (no
+    copy()/update(), or no ``__init__(mapping)``), ``values`` itself: a plain dict.
+    """
     try:
-        if isinstance(elem, MutableMapping):
-            # The mapping type may carry extra state: clone it and update, as torch does.
-            clone = copy.copy(elem)
+        if isinstance(template, MutableMapping):
+            clone = copy.copy(template)
             clone.update(values)
             return clone
-        return type(elem)(values)
-    except TypeError:  # no copy()/update() or no __init__(mapping): a plain dict, as torch
+        return type(template)(values)  # type: ignore[call-arg]
+    except TypeError:
         return values
 
 
@@ -243,19 +304,29 @@ def collate_sequences(batch: Sequence[Any], ctx: CollateContext) -> Any:
     sizes = set(map(len, batch))
     if len(sizes) > 1:
         _raise_unequal_lengths(batch, ctx)
-    elem = batch[0]
     collated = [ctx.collate(samples, f"[{i}]") for i, samples in enumerate(zip(*batch))]
-    if isinstance(elem, tuple):
-        return collated  # torch: "Backwards compatibility."
+    return rebuild_sequence(batch[0], collated)
+
+
+def rebuild_sequence(template: Sequence[Any], values: list[Any]) -> Any:
+    """A sequence like ``template`` holding ``values`` (one per item), rebuilt as torch does.
+
+    Tuples (namedtuples are not meant for this) become ``values`` itself, a list: torch's
+    "Backwards compatibility". Mutable sequences are cloned (``copy.copy``) and filled item by
+    item; others are made as ``type(template)(values)``; if either raises TypeError (no
+    copy()/``__setitem__``, or no ``__init__(iterable)``, e.g. range), ``values`` itself.
+    """
+    if isinstance(template, tuple):
+        return values
     try:
-        if isinstance(elem, MutableSequence):
-            clone = copy.copy(elem)
-            for i, value in enumerate(collated):
+        if isinstance(template, MutableSequence):
+            clone = copy.copy(template)
+            for i, value in enumerate(values):
                 clone[i] = value
             return clone
-        return type(elem)(collated)
-    except TypeError:  # no copy()/__setitem__ or no __init__(iterable), e.g. range
-        return collated
+        return type(template)(values)  # type: ignore[call-arg]
+    except TypeError:
+        return values
 
 
 def _raise_unequal_lengths(batch: Sequence[Any], ctx: CollateContext) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shmloader.collate_rules import (
+    _PY_NUMBERS,
     check_array_dtype,
     raise_shape_error,
     stack_checked,
@@ -55,7 +56,6 @@ __all__ = [
 _shape = attrgetter("shape")
 _dtype = attrgetter("dtype")
 _requires_grad = attrgetter("requires_grad")
-_PY_NUMBERS = frozenset({float, int, bool})
 _PY_INTS = frozenset({int, bool})
 _INT64 = np.dtype(np.int64)
 _BOOL = np.dtype(np.bool_)
@@ -123,20 +123,38 @@ def copy_into_alloc(tensor: Any, ctx: CollateContext) -> Any:
 
 
 def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """Tensors: ``torch.stack(batch, 0, out=...)`` into alloc, with torch's checks and errors."""
+    """Tensors: ``torch.stack(batch, 0, out=...)`` into alloc, with torch's checks and errors.
+
+    A non-tensor after the first sample (an array, a list) gets torch's own TypeError
+    ("expected Tensor as element 1 ..."), raised by ``torch.stack`` itself.
+    """
     torch = _torch()
     elem = batch[0]
     _check_layout(elem, torch)
-    if len(set(map(_shape, batch))) > 1:
-        raise_shape_error(batch, ctx)
-    if elem.device.type != "cpu" or (
-        torch.is_grad_enabled() and any(map(_requires_grad, batch))
-    ):
-        return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
-    dtypes = set(map(_dtype, batch))
-    dtype = elem.dtype if len(dtypes) == 1 else functools.reduce(torch.promote_types, dtypes)
+    try:
+        if len(set(map(_shape, batch))) > 1:
+            _check_tensors(batch, torch)
+            raise_shape_error(batch, ctx)
+        if elem.device.type != "cpu" or (
+            torch.is_grad_enabled() and any(map(_requires_grad, batch))
+        ):
+            return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
+        dtypes = set(map(_dtype, batch))
+    except AttributeError:  # no shape / requires_grad / dtype: not a tensor
+        return torch.stack(batch, 0)  # raises torch's TypeError
+    if len(dtypes) == 1:
+        dtype = elem.dtype
+    else:
+        _check_tensors(batch, torch)  # a numpy dtype among them: an array, not a tensor
+        dtype = functools.reduce(torch.promote_types, dtypes)
     out = tensor_from_alloc(ctx.alloc, (len(batch), *elem.shape), dtype)
     return torch.stack(batch, 0, out=out)
+
+
+def _check_tensors(batch: Sequence[Any], torch: Any) -> None:
+    """A non-tensor in the batch: let ``torch.stack`` raise its TypeError (for error paths)."""
+    if not all(isinstance(sample, torch.Tensor) for sample in batch):
+        torch.stack(batch, 0)
 
 
 def _check_layout(elem: Any, torch: Any) -> None:

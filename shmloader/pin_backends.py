@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
@@ -97,15 +98,17 @@ def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
 
 
 def iter_leaves(batch: Any) -> Iterator[Any]:
-    """Every non-container value of a nested batch (the order of ``map_batch``)."""
-    found: list[Any] = []
-
-    def keep(leaf: Any) -> Any:
-        found.append(leaf)
-        return leaf
-
-    map_batch(batch, keep)
-    return iter(found)
+    """Every value ``map_batch`` would apply its ``leaf`` to, in its order; builds no container."""
+    if isinstance(batch, (str, bytes)):
+        return
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from iter_leaves(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from iter_leaves(value)
+    else:
+        yield batch
 
 
 def as_tensor(leaf: Any) -> Any:
@@ -120,19 +123,20 @@ def as_tensor(leaf: Any) -> Any:
     return leaf
 
 
-def _cuda_index(device: str) -> int | None:
+def leaf_to(leaf: Any, device: str, non_blocking: bool) -> Any:
+    """One leaf moved: a numpy array as a tensor first (``as_tensor``), a tensor ``.to(device)``,
+    anything else as is."""
+    leaf = as_tensor(leaf)
+    torch = sys.modules.get("torch")  # a tensor means torch is imported
+    if torch is not None and isinstance(leaf, torch.Tensor):
+        return leaf.to(device, non_blocking=non_blocking)
+    return leaf
+
+
+def _cuda_index(device: str) -> int:
+    """The index of "cuda:N"; 0 for "cuda" (or any other device)."""
     head, _, index = device.partition(":")
-    return int(index) if head == "cuda" and index else None
-
-
-class _WarnOnce:
-    def __init__(self) -> None:
-        self.warned = False
-
-    def __call__(self, message: str) -> None:
-        if not self.warned:
-            self.warned = True
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return int(index) if head == "cuda" and index else 0
 
 
 class _RegisteringBackend:
@@ -143,7 +147,7 @@ class _RegisteringBackend:
 
     def __init__(self) -> None:
         self.registered: dict[str, int] = {}
-        self._warn = _WarnOnce()
+        self.warned = False  # a failed registration warns once per backend
 
     def register_segment(self, segment: Segment) -> None:
         if segment.name in self.registered:
@@ -154,8 +158,11 @@ class _RegisteringBackend:
         except Exception as exc:  # e.g. CUDA cannot initialise in this process
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
-            self._warn(f"shmloader could not pin slot memory with the {self.name} backend ({problem}); "
-                       "batches stay correct but unpinned, so device copies are not asynchronous.")
+            if not self.warned:
+                self.warned = True
+                warnings.warn(f"shmloader could not pin slot memory with the {self.name} backend ({problem}); "
+                              "batches stay correct but unpinned, so device copies are not asynchronous.",
+                              RuntimeWarning, stacklevel=3)
             return
         self.registered[segment.name] = address
 
@@ -215,7 +222,7 @@ class TorchCudaBackend(_RegisteringBackend):
     def copy(self, batch: Any, device: str, stream: Any, non_blocking: bool) -> tuple[Any, Event]:
         torch = self._torch
         with torch.cuda.stream(stream):
-            moved = map_batch(batch, lambda x: _torch_leaf_to(torch, as_tensor(x), device, non_blocking))
+            moved = map_batch(batch, lambda x: leaf_to(x, device, non_blocking))
             event = torch.cuda.Event()
             event.record(stream)
         return moved, event
@@ -227,10 +234,6 @@ class TorchCudaBackend(_RegisteringBackend):
         for leaf in iter_leaves(moved):
             if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
                 leaf.record_stream(current)  # made on the side stream, used on the caller's
-
-
-def _torch_leaf_to(torch: Any, leaf: Any, device: str, non_blocking: bool) -> Any:
-    return leaf.to(device, non_blocking=non_blocking) if isinstance(leaf, torch.Tensor) else leaf
 
 
 class CupyBackend(_RegisteringBackend):
@@ -265,14 +268,18 @@ class CupyBackend(_RegisteringBackend):
         self._cupy.cuda.runtime.hostUnregister(address)
         return None
 
+    def _device(self, device: str) -> Any:
+        """The cupy device for "cuda:N" (device 0 for "cuda"), a context manager."""
+        return self._cupy.cuda.Device(_cuda_index(device))
+
     # -- Transfer ----------------------------------------------------------------------------
     def new_stream(self, device: str) -> Any:
-        with self._cupy.cuda.Device(_cuda_index(device) or 0):
+        with self._device(device):
             return self._cupy.cuda.Stream(non_blocking=True)
 
     def copy(self, batch: Any, device: str, stream: Any, non_blocking: bool) -> tuple[Any, Event]:
         cupy = self._cupy
-        with cupy.cuda.Device(_cuda_index(device) or 0):
+        with self._device(device):
             # cupy has no record_stream: the side stream waits for what the caller enqueued so
             # far, so memory freed by an earlier batch is not overwritten while still in use.
             stream.wait_event(cupy.cuda.get_current_stream().record())
@@ -291,7 +298,7 @@ class CupyBackend(_RegisteringBackend):
         return out
 
     def wait(self, moved: Any, event: Event, device: str) -> None:
-        with self._cupy.cuda.Device(_cuda_index(device) or 0):
+        with self._device(device):
             self._cupy.cuda.get_current_stream().wait_event(event.raw)  # type: ignore[attr-defined]
 
 

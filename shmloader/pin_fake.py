@@ -68,7 +68,6 @@ class FakeBackend:
     events: list[FakeEvent] = field(default_factory=list)
     sources: list[list[weakref.ref[Any]]] = field(default_factory=list)
     finished: int = 0
-    _maps: dict[str, weakref.ref[Any]] = field(default_factory=dict)
     _serial: Any = field(default_factory=itertools.count)
 
     # -- PinBackend ---------------------------------------------------------------------------
@@ -79,7 +78,6 @@ class FakeBackend:
         if address % PAGE_BYTES:
             raise AssertionError(f"segment {segment.name} is not page-aligned: {address:#x}")
         self.registered[segment.name] = address
-        self._maps[segment.name] = weakref.ref(segment.buf)
         self.calls.append(Call("register", segment.name, os.getpid()))
 
     def unregister_segment(self, segment: Segment) -> None:
@@ -89,7 +87,6 @@ class FakeBackend:
             raise AssertionError(f"segment {segment.name} unregistered but never registered")
         if not mapped:
             raise AssertionError(f"segment {segment.name} unregistered after it was unmapped")
-        self._maps.pop(segment.name, None)
 
     def finish(self, batch: Any) -> Any:
         self.finished += 1

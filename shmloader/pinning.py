@@ -17,15 +17,19 @@ Runs in the main process only. Promises:
   also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
 - ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
   the batches stay correct (unpinned). Importing this module imports neither torch nor cupy.
+
+Per-loader state lives on the loader: ``_pinner_chosen`` (the selected backend, set by
+:func:`backend_for`) and ``_pin_warned`` (set by :func:`warn_if_unpinned`). Whether torch sees an
+accelerator is asked once per process (:func:`accelerator_available`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
 import warnings
-import weakref
 from typing import Any
 
 from .config import register_variable
@@ -44,16 +48,19 @@ NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is fo
 
 register_variable(ENV_BACKEND, "pin backend for pin_memory=True: " + "|".join(BACKEND_NAMES) + " (default auto)")
 
-_chosen: weakref.WeakKeyDictionary[Any, PinBackend | None] = weakref.WeakKeyDictionary()
-_warned: weakref.WeakSet[Any] = weakref.WeakSet()
+_UNCHOSEN: Any = object()  # a loader's ``_pinner_chosen`` before its selection (None is a choice)
 
 
 def _installed(module: str) -> bool:
     return module in sys.modules or importlib.util.find_spec(module) is not None
 
 
+@functools.cache
 def accelerator_available() -> bool:
-    """Whether torch sees an accelerator (torch is imported here only if installed)."""
+    """Whether torch sees an accelerator (torch is imported here only if installed).
+
+    Asked once per process (the answer does not change), so a per-batch call is a lookup.
+    """
     if not _installed("torch"):
         return False
     import torch
@@ -114,8 +121,9 @@ class BuiltinPinPlugin:
 def select(pin_memory: bool, plugins: Any, *, device: str = "", name: str | None = None) -> PinBackend | None:
     """The pin backend for a loader, or None (see the module docstring for the order).
 
-    ``plugins`` is the loader's plugin manager; one without a ``shmloader_pin_backend`` hook
-    (the placeholder) leaves the choice to the built-ins.
+    ``plugins`` is the loader's plugin manager, whose hook already asks the built-ins last
+    (:class:`BuiltinPinPlugin`): its answer is final. One without a ``shmloader_pin_backend``
+    hook (the placeholder) leaves the choice to the built-ins.
     """
     if not pin_memory:
         return None
@@ -123,26 +131,26 @@ def select(pin_memory: bool, plugins: Any, *, device: str = "", name: str | None
     if requested != "auto":
         return make_backend(requested)
     hook = getattr(getattr(plugins, "hook", None), "shmloader_pin_backend", None)
-    if hook is not None:
-        try:
-            offered = hook(device=device)
-        except Exception as exc:  # a plugin's failure names the plugin (PluginError) where it can
-            error = getattr(plugins, "error", None)
-            if error is None:
-                raise
-            raise error("shmloader_pin_backend", exc) from exc
-        if offered is not None:
-            return offered
-    return builtin_pin_backend(device)
+    if hook is None:
+        return builtin_pin_backend(device)
+    try:
+        offered: PinBackend | None = hook(device=device)
+    except Exception as exc:  # a plugin's failure names the plugin (PluginError) where it can
+        error = getattr(plugins, "error", None)
+        if error is None:
+            raise
+        raise error("shmloader_pin_backend", exc) from exc
+    return offered
 
 
 def backend_for(loader: Any) -> PinBackend | None:
     """The loader's pin backend, selected once per loader and then reused by every ring."""
     if not loader.pin_memory:
         return None
-    if loader not in _chosen:
-        _chosen[loader] = select(True, loader._plugins, device=loader.pin_memory_device or "")
-    return _chosen[loader]
+    chosen = getattr(loader, "_pinner_chosen", _UNCHOSEN)
+    if chosen is _UNCHOSEN:
+        chosen = loader._pinner_chosen = select(True, loader._plugins, device=loader.pin_memory_device or "")
+    return chosen  # type: ignore[no-any-return]
 
 
 def will_pin(loader: Any) -> bool:
@@ -155,9 +163,9 @@ def will_pin(loader: Any) -> bool:
 
 def warn_if_unpinned(loader: Any, stacklevel: int = 4) -> None:
     """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader."""
-    if not loader.pin_memory or loader in _warned or will_pin(loader):
+    if not loader.pin_memory or getattr(loader, "_pin_warned", False) or will_pin(loader):
         return
-    _warned.add(loader)
+    loader._pin_warned = True
     warnings.warn(NO_ACCELERATOR, stacklevel=stacklevel)
 
 

@@ -141,19 +141,16 @@ def build_plugin_manager(plugins: Iterable[Any] | None = None, *, entry_points: 
 
 
 def _builtin_plugins(manager: Plugins) -> list[tuple[str, Any]]:
-    """The built-ins, registered first: collate registry, stats, and the pin backends if provided.
+    """The built-ins, registered first: the collate registry, stats, and the pin backends.
 
-    ``shmloader.pinning.BuiltinPinPlugin``, when pinning defines it, is the plugin whose
-    ``shmloader_pin_backend`` offers the built-in torch/cupy backends.
+    ``shmloader.pinning.BuiltinPinPlugin`` is the plugin whose ``shmloader_pin_backend`` offers
+    the built-in torch/cupy backends.
     """
     from . import pinning  # noqa: PLC0415  (pinning imports no accelerator library at import)
 
-    builtins: list[tuple[str, Any]] = [("shmloader.builtin.collate", RegisteredRules()),
-                                       ("shmloader.builtin.stats", manager.stats)]
-    pin_plugin = getattr(pinning, "BuiltinPinPlugin", None)
-    if pin_plugin is not None:
-        builtins.append(("shmloader.builtin.pin", pin_plugin()))
-    return builtins
+    return [("shmloader.builtin.collate", RegisteredRules()),
+            ("shmloader.builtin.stats", manager.stats),
+            ("shmloader.builtin.pin", pinning.BuiltinPinPlugin())]
 
 
 def worker_collate_rules(spec_rules: Mapping[Any, Any]) -> dict[Any, Any]:

@@ -13,21 +13,27 @@ when more than ``max_held`` copies are unfinished, or at the end of an epoch / w
 stops early).
 
 Runs in the main process, in the caller's thread. The stream and event work goes through a
-:class:`~shmloader.pin_backends.Transfer`: the loader's pin backend when it is one (torch, cupy, or
-the fake backend that drives all of this on a CPU in CI), else torch's CUDA transfer for a CUDA
-device, else a plain synchronous ``.to(device)``. Nested dicts, lists, tuples and namedtuples are
-moved whole; numpy arrays become tensors (``torch.from_numpy``, no copy) before moving. Importing
-this module imports neither torch nor cupy.
+:class:`~shmloader.pin_backends.Transfer`: for a CUDA device, the loader's pin backend when it is
+one (torch, cupy) else torch's CUDA transfer; the fake backend (which drives all of this on a CPU
+in CI) for any device; else a plain synchronous ``.to(device)`` (e.g. "cpu", whatever the backend).
+Nested dicts, lists, tuples and namedtuples are moved whole; numpy arrays become tensors
+(``torch.from_numpy``, no copy) before moving. Importing this module imports neither torch nor cupy.
+
+Resuming: the prefetcher reads batch k+1 from the loader before it hands out batch k, so the
+loader's own ``state_dict()`` already counts k+1 as delivered. :meth:`DevicePrefetcher.state_dict`
+gives the loader's state as of the batch the caller last received (the loader's epoch record is
+copied just before each look-ahead read); save that one (docs/resume.md).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .pin_backends import Event, Transfer, as_tensor, map_batch
+from . import state as _state
+from .pin_backends import Event, Transfer, leaf_to, map_batch
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -61,7 +67,7 @@ class _SyncTransfer:
         return None
 
     def copy(self, batch: Any, device: str, stream: Any, non_blocking: bool) -> tuple[Any, Event]:
-        return map_batch(batch, lambda x: _to(as_tensor(x), device, non_blocking)), _DONE
+        return map_batch(batch, lambda x: leaf_to(x, device, non_blocking)), _DONE
 
     def wait(self, moved: Any, event: Event, device: str) -> None:
         return None
@@ -78,18 +84,18 @@ class _Done:
 _DONE = _Done()
 
 
-def _to(leaf: Any, device: str, non_blocking: bool) -> Any:
-    import torch
-
-    return leaf.to(device, non_blocking=non_blocking) if isinstance(leaf, torch.Tensor) else leaf
+def _is_cuda(device: str) -> bool:
+    return device.partition(":")[0] == "cuda"
 
 
 def transfer_for(source: Any, device: str) -> Transfer:
-    """The loader's pin backend if it can transfer, else torch CUDA (cuda devices), else sync."""
-    pinner = getattr(source, "_pinner", None)
-    if pinner is not None and all(hasattr(pinner, m) for m in ("new_stream", "copy", "wait")):
+    """For a CUDA device the loader's pin backend if it can transfer, else torch CUDA; the fake
+    backend for any device; else a plain ``.to(device)`` (a "cpu" copy needs no stream)."""
+    pinner: Any = getattr(source, "_pinner", None)
+    can_transfer = pinner is not None and all(hasattr(pinner, m) for m in ("new_stream", "copy", "wait"))
+    if can_transfer and (_is_cuda(device) or getattr(pinner, "name", None) == "fake"):
         return pinner  # type: ignore[no-any-return]
-    if device.startswith("cuda"):
+    if _is_cuda(device):
         from .pin_backends import TorchCudaBackend
 
         return TorchCudaBackend()  # type: ignore[return-value]
@@ -109,6 +115,9 @@ class DevicePrefetcher:
         self.max_held = max_held
         self._transfer = transfer
         self.held: deque[_Copy] = deque()  # yielded batches whose copy may still read their slot
+        # The loader and its epoch record as they were before the latest look-ahead read (None:
+        # no epoch under way here, the loader's own state is right).
+        self._saved: tuple[Any, _state.EpochRecord] | None = None
 
     def __len__(self) -> int:
         return len(self.source)  # type: ignore[arg-type]
@@ -116,7 +125,18 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[Any]:
         return self._run()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's ``state_dict()`` as of the batch the caller last received (not the one
+        already read ahead); load it with ``loader.load_state_dict`` (docs/resume.md)."""
+        if self._saved is not None:
+            return _state.loader_state(*self._saved)
+        state_dict = getattr(self.source, "state_dict", None)
+        if not callable(state_dict):
+            raise TypeError(f"{type(self.source).__name__} has no state_dict(): only a loader's position can be saved")
+        return state_dict()  # type: ignore[no-any-return]
+
     def _run(self) -> Iterator[Any]:
+        self._saved = None
         batches = iter(self.source)  # first: a loader picks its pin backend when it starts
         transfer = self._transfer or transfer_for(self.source, self.device)
         stream = transfer.new_stream(self.device)
@@ -132,10 +152,19 @@ class DevicePrefetcher:
                 del current
                 self._release_finished()
                 yield moved
+            self._saved = None  # the epoch ended: the loader's state (the next epoch's start) is right
         finally:
             self._drain(pending)
 
+    def _snapshot(self, batches: Iterator[Any]) -> None:
+        """Copy the loader's epoch record: what it has delivered (and yielded) before the next read."""
+        record = getattr(batches, "_record", None)
+        if isinstance(record, _state.EpochRecord):
+            delivered = _state.TaskSet.from_ranges(record.delivered.to_ranges())
+            self._saved = (getattr(batches, "_loader", self.source), replace(record, delivered=delivered))
+
     def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[_Copy]) -> None:
+        self._snapshot(batches)
         try:
             source = next(batches)
         except StopIteration:

@@ -42,7 +42,7 @@ def new_name(owner_pid: int | None = None) -> str:
     return f"{PREFIX}{pid}_{_token}_{next(_serial)}"
 
 
-_MAX_PID = 1 << 22  # Linux's pid_max ceiling; a larger number in a name is not a pid
+_MAX_PID = (1 << 31) - 1  # a pid_t: a larger number in a name is not a pid (and would overflow psutil)
 
 
 def owner_pid(name: str) -> int | None:

@@ -13,16 +13,12 @@ import numpy as np
 import pytest
 
 from shmloader.collate import (
-    CollateContext,
     CollateShapeError,
     SlotFull,
     collate,
     default_collate,
     default_convert,
     heap_alloc,
-    register_collate_rule,
-    registered_collate_rules,
-    unregister_collate_rule,
 )
 
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -146,6 +142,9 @@ def test_datetime_arrays_and_scalars_stay_numpy() -> None:
         ([True, False], np.bool_),
         ([True, 2], np.int64),
         ([1 + 2j, 3j], np.complex128),
+        ([1.0, np.float32(2.5)], np.float64),
+        ([1.5, np.int64(2)], np.float64),
+        ([1j, np.float32(2)], np.complex128),
     ],
 )
 def test_numbers_become_arrays(batch: list[Any], dtype: type) -> None:
@@ -258,96 +257,40 @@ def test_unequal_lengths_keep_torch_wording_and_add_the_path() -> None:
 @pytest.mark.parametrize(
     "batch",
     [[np.array(["a"]), np.array(["b"])], [np.array([None]), np.array([None])],
-     [np.array([b"a"]), np.array([b"b"])]],
+     [np.array([b"a"]), np.array([b"b"])],
+     # anywhere in the batch, in either order: no object array may be put in the slot
+     [np.zeros(1), np.array([None])], [np.array([None]), np.zeros(1)],
+     [np.zeros(1), np.array(["a"])], [np.array(["a"]), np.zeros(1)],
+     [np.zeros(1), np.array([b"a"])], [np.array([b"a"]), np.zeros(1)]],
 )
 def test_string_and_object_arrays_raise_torchs_type_error(batch: list[Any]) -> None:
-    with pytest.raises(TypeError, match="default_collate: batch must contain tensors"):
-        collate(batch)
+    alloc = RecordingAlloc()
+    with pytest.raises(TypeError, match=r"default_collate: batch must contain tensors.*\(at batch\)"):
+        collate(batch, alloc)
+    assert alloc.requests == []
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [([np.float64(1), "a"], r"found <class 'str'> \(at batch\['v'\]\)"),
+     ([np.float64(1), np.str_("a")], r"found <class 'numpy.str_'> \(at batch\['v'\]\)"),
+     ([np.int8(1), None], r"found <class 'NoneType'> \(at batch\['v'\]\)"),
+     ([1.0, None], r"floats .* numpy made dtype object \(at batch\['v'\]\)"),
+     ([1.0, "a"], r"floats .* numpy made dtype <U\d+ \(at batch\['v'\]\)"),
+     ([1.0, [1.0, 2.0]], r"floats .* \(at batch\['v'\]\)"),
+     ([1j, None], r"complex numbers .* numpy made dtype object \(at batch\['v'\]\)"),
+     ([1j, b"a"], r"complex numbers .* numpy made dtype \|S\d+ \(at batch\['v'\]\)")],
+)
+def test_numbers_mixed_with_non_numbers_raise_type_error_naming_the_field(
+    batch: list[Any], match: str
+) -> None:
+    with pytest.raises(TypeError, match=match):
+        collate([{"v": sample} for sample in batch], RecordingAlloc())
 
 
 def test_unsupported_type_names_the_field() -> None:
     with pytest.raises(TypeError, match=r"found <class 'NoneType'> \(at batch\[1\]\['v'\]\)"):
         collate([(1, {"v": None}), (2, {"v": None})])
-
-
-# ----------------------------------------------------------------------------------- rules
-
-
-class Box:
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-
-class SubBox(Box):
-    pass
-
-
-def box_rule(batch: list[Box], ctx: CollateContext) -> Any:
-    return ("boxes", ctx.collate([b.value for b in batch], ".value"))
-
-
-def test_rule_passed_in_handles_its_type_and_subclasses() -> None:
-    kind, values = collate([Box(1), SubBox(2)], rules={Box: box_rule})
-    assert kind == "boxes" and list(values) == [1, 2]
-    kind, _ = collate([SubBox(1)], rules={Box: box_rule})
-    assert kind == "boxes"
-    with pytest.raises(TypeError):
-        collate([Box(1)])
-
-
-def test_rules_take_precedence_over_builtins_and_exact_type_over_mro() -> None:
-    rules = {int: lambda batch, ctx: "int rule", bool: lambda batch, ctx: "bool rule"}
-    assert collate([1, 2], rules=rules) == "int rule"
-    assert collate([True], rules=rules) == "bool rule"
-    assert collate([{"a": 1}], rules=rules) == {"a": "int rule"}
-
-
-def test_rules_keyed_by_abc_or_tuple_match_by_issubclass() -> None:
-    seen: list[str] = []
-
-    def mapping_rule(batch: list[Any], ctx: CollateContext) -> Any:
-        seen.append(ctx.path)
-        return "mapping"
-
-    assert collate([[{"k": 1}]], rules={Mapping: mapping_rule}) == ["mapping"]
-    assert seen == ["batch[0]"]
-    assert collate([1.5], rules={(float, complex): lambda b, c: "number"}) == "number"
-
-
-def test_rule_errors_from_ctx_collate_carry_the_path() -> None:
-    with pytest.raises(CollateShapeError) as info:
-        collate([Box(np.zeros(1)), Box(np.zeros(2))], rules={Box: box_rule})
-    assert info.value.path == "batch.value"
-
-
-def test_rule_gets_the_allocator_and_mode() -> None:
-    def rule(batch: list[Box], ctx: CollateContext) -> np.ndarray:
-        assert ctx.to_torch is False
-        out = ctx.alloc((len(batch),), np.dtype(np.int32))
-        out[:] = [b.value for b in batch]
-        return out
-
-    alloc = RecordingAlloc()
-    out = collate([Box(7), Box(8)], alloc, rules={Box: rule})
-    assert in_buffer(out, alloc) and list(out) == [7, 8]
-
-
-def test_registered_rules_apply_until_unregistered_and_yield_to_passed_rules() -> None:
-    register_collate_rule(Box, box_rule)
-    try:
-        assert Box in registered_collate_rules()
-        assert collate([SubBox(3)])[0] == "boxes"
-        assert collate([Box(3)], rules={Box: lambda b, c: "passed"}) == "passed"
-    finally:
-        unregister_collate_rule(Box)
-    assert Box not in registered_collate_rules()
-    with pytest.raises(TypeError):
-        collate([Box(1)])
-
-
-def test_register_refuses_non_callables() -> None:
-    with pytest.raises(TypeError, match="collate rule must be callable"):
-        register_collate_rule(Box, "not a function")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------- torch, optional

@@ -221,6 +221,10 @@ ERROR_BATCHES: dict[str, list[Any]] = {
     "int_overflow": [2**64, 1],
     "nested_none": [{"a": None}, {"a": None}],
     "sparse": [torch.zeros(2).to_sparse(), torch.zeros(2).to_sparse()],
+    "tensor_then_array": [torch.zeros(2), np.zeros(2)],
+    "tensor_then_longer_array": [torch.zeros(2), np.zeros(3)],
+    "tensor_then_list": [torch.zeros(2), [1.0, 2.0]],
+    "tensor_then_number": [torch.zeros(()), 1.0],
 }
 
 
@@ -228,6 +232,15 @@ ERROR_BATCHES: dict[str, list[Any]] = {
 def test_errors_match_torch(name: str) -> None:
     batch = ERROR_BATCHES[name]
     assert_same_error(lambda: torch_default_collate(batch), lambda: torch_collate(batch))
+
+
+@pytest.mark.parametrize("name", [n for n in ERROR_BATCHES if n.startswith("tensor_then")])
+def test_tensor_then_non_tensor_errors_match_torch_in_numpy_mode_and_without_grad(name: str) -> None:
+    batch = ERROR_BATCHES[name]
+    error = assert_same_error(lambda: collate(batch), lambda: torch_collate(batch))
+    assert "expected Tensor as element 1" in str(error)
+    with torch.no_grad():
+        assert_same_error(lambda: torch_default_collate(batch), lambda: torch_collate(batch))
 
 
 def test_unequal_shapes_error_names_field_and_shapes() -> None:
@@ -264,6 +277,22 @@ CONVERT_SAMPLES: dict[str, Any] = {
 def test_default_convert_matches_torch(name: str) -> None:
     sample = CONVERT_SAMPLES[name]
     assert_same_structure(default_convert(sample, to_torch=True), torch_convert(sample))
+
+
+def test_default_convert_converts_each_value_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shmloader.collate as collate_module
+
+    seen: list[Any] = []
+    original = collate_module._convert
+
+    def counting(data: Any, torch_module: Any) -> Any:
+        seen.append(data)
+        return original(data, torch_module)
+
+    monkeypatch.setattr(collate_module, "_convert", counting)
+    sample = {"m": NoInitMapping(np.int64(1), np.int64(2)), "r": range(2)}
+    assert_same_structure(default_convert(sample, to_torch=True), torch_convert(sample))
+    assert sorted(int(d) for d in seen if isinstance(d, (int, np.integer))) == [0, 1, 1, 2]
 
 
 def test_default_convert_shares_memory_as_torch_does() -> None:

@@ -4,7 +4,9 @@ What must hold whatever the device: slots are page-aligned; each segment is regi
 once, in the main process, when the ring creates it (new slot, growth, resize), never per batch
 or per epoch; every registered segment is unregistered exactly once, before it is unmapped — also
 when the user still holds its batch at close; without an accelerator ``pin_memory=True`` warns
-once, in torch's words, and the batches are correct.
+once, in torch's words, and the batches are correct. The selection runs once per loader and asks
+the built-ins once (they answer through the plugin hook); the choice and the warning flag live on
+the loader; torch is asked about an accelerator once per process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import gc
 import os
 import warnings
 import weakref
+from collections import OrderedDict, namedtuple
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,7 +27,7 @@ import pytest
 import shmloader
 from shmloader import pinning
 from shmloader.errors import ConfigError
-from shmloader.pin_backends import MlockBackend, segment_address
+from shmloader.pin_backends import MlockBackend, _cuda_index, iter_leaves, map_batch, segment_address
 from shmloader.pin_fake import Call, FakeBackend
 from shmloader.ring import Ring
 from shmloader.segment import PAGE_BYTES, Segment
@@ -244,6 +248,58 @@ def test_a_named_backend_beats_plugins_and_a_bad_name_is_an_error(monkeypatch: p
     monkeypatch.setenv(pinning.ENV_BACKEND, "cudaa")
     with pytest.raises(ConfigError, match="SHMLOADER_PIN_BACKEND='cudaa'"):
         pinning.select(True, None)
+
+
+def test_the_hook_answer_is_final_and_the_built_ins_are_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
+    from shmloader.plugins import build_plugin_manager
+
+    devices: list[str] = []
+    monkeypatch.setattr(pinning, "builtin_pin_backend", lambda device="": devices.append(device))
+    assert pinning.select(True, build_plugin_manager([], entry_points=False), device="cuda:0") is None
+    assert devices == ["cuda:0"]  # through BuiltinPinPlugin only, not again after it answered None
+    assert pinning.select(True, _Plugins(None)) is None and devices == ["cuda:0"]  # a hook's None is final
+    assert pinning.select(True, None, device="x") is None and devices == ["cuda:0", "x"]  # no hook: built-ins
+
+
+def test_the_choice_and_the_warning_flag_are_kept_on_the_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen = [FakeBackend(), FakeBackend()]
+    monkeypatch.setattr(pinning, "select", lambda *args, **kwargs: chosen.pop(0))
+    monkeypatch.setattr(pinning, "will_pin", lambda loader: False)
+    first, second = (SimpleNamespace(pin_memory=True, _plugins=None, pin_memory_device="") for _ in range(2))
+    mine = pinning.backend_for(first)
+    assert pinning.backend_for(first) is mine and first._pinner_chosen is mine  # selected once
+    assert pinning.backend_for(second) is not mine and not chosen  # each loader has its own
+    none_chosen = SimpleNamespace(pin_memory=True, _plugins=None, pin_memory_device="", _pinner_chosen=None)
+    assert pinning.backend_for(none_chosen) is None  # None is a choice too: not selected again
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for loader in (first, second, first, second):
+            pinning.warn_if_unpinned(loader)
+    assert [str(w.message) for w in caught] == [pinning.NO_ACCELERATOR] * 2  # once per loader
+    assert first._pin_warned and second._pin_warned
+
+
+def test_torch_is_asked_about_an_accelerator_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    asked: list[bool] = []
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: asked.append(True) or False)
+    pinning.accelerator_available.cache_clear()
+    try:
+        assert [pinning.accelerator_available() for _ in range(3)] == [False] * 3 and asked == [True]
+    finally:
+        pinning.accelerator_available.cache_clear()  # the real answer again for later tests
+
+
+def test_iter_leaves_lists_what_map_batch_maps_and_cuda_index_defaults_to_zero() -> None:
+    a, b = np.zeros(2), np.ones(3)
+    batch = OrderedDict(x=[a, (b, "label", b"raw")], pair=namedtuple("Pair", "l r")(7, {"deep": [a]}), n=None)
+    mapped: list[Any] = []
+    map_batch(batch, mapped.append)
+    leaves = list(iter_leaves(batch))
+    assert len(leaves) == len(mapped) == 5 and all(x is y for x, y in zip(leaves, mapped))
+    assert list(iter_leaves("text")) == [] and list(iter_leaves(3)) == [3]
+    assert [_cuda_index(d) for d in ("cuda", "cuda:0", "cuda:3", "cpu")] == [0, 0, 3, 0]
 
 
 @pytest.mark.skipif(pinning.accelerator_available(), reason="this machine has an accelerator")

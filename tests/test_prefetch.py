@@ -4,14 +4,19 @@ What must hold: batch k+1's copy is started before batch k is handed out, and th
 stream waits on batch k's event; the source batch (and with it its slot lease) lives until its
 copy's event has completed and is let go after; past ``max_held`` unfinished copies the host
 waits for the oldest; an epoch's end or an early stop waits for every copy; nested structures
-arrive whole.
+arrive whole; the prefetcher's ``state_dict()`` is the loader's as of the batch the caller last
+received (not the one read ahead), so a resume loses and repeats nothing; a non-CUDA device is
+copied with a plain ``.to()`` whatever the loader's backend (only the fake one drives any device).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 from collections import namedtuple
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,7 +25,7 @@ import pytest
 import shmloader
 from shmloader import pinning
 from shmloader.pin_fake import FakeBackend
-from shmloader.prefetch import DevicePrefetcher
+from shmloader.prefetch import DevicePrefetcher, transfer_for
 from shmloader.ring import SlotState
 
 ROWS, COLS = 64, 8
@@ -171,6 +176,93 @@ def test_numpy_arrays_become_tensors_on_the_device() -> None:
     ((x, label),) = list(shmloader.to_device([(a, "l")], "cpu"))  # no pin backend: a plain .to()
     assert isinstance(x, torch.Tensor) and x.device.type == "cpu" and label == "l"
     assert torch.equal(x, torch.from_numpy(a))
+
+
+def shuffled_loader(num_workers: int, pin_memory: bool) -> shmloader.DataLoader:
+    data = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+    kwargs: dict[str, Any] = {"persistent_workers": True} if num_workers else {}
+    return shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=4, shuffle=True, generator=11,
+                                num_workers=num_workers, pin_memory=pin_memory, **kwargs)
+
+
+def first_column(batch: Any) -> list[float]:
+    (x,) = batch
+    return np.asarray(x)[:, 0].tolist()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("num_workers", "pin_memory", "saved_after"), [(1, True, 3), (2, False, 5), (0, False, 1)])
+def test_state_dict_resumes_after_the_last_batch_received(
+        fake: FakeBackend, num_workers: int, pin_memory: bool, saved_after: int) -> None:
+    pytest.importorskip("torch")  # a plain "cpu" copy makes tensors
+    fake.auto_complete = True
+    uninterrupted = [first_column(b) for b in shuffled_loader(0, False)]
+    loader = shuffled_loader(num_workers, pin_memory)
+    moved = shmloader.to_device(loader, "cpu")
+    it = iter(moved)
+    before = [first_column(next(it)) for _ in range(saved_after)]
+    state = moved.state_dict()  # batch saved_after is already read ahead from the loader
+    assert loader.state_dict()["delivered"] == [[0, saved_after + 1]]
+    assert state["delivered"] == [[0, saved_after]] and state["yielded"] == saved_after
+    checkpoint = json.dumps(state)
+    del it
+    gc.collect()
+    loader.close()
+    resumed = shuffled_loader(num_workers, pin_memory)
+    resumed.load_state_dict(json.loads(checkpoint))
+    after = [first_column(b) for b in shmloader.to_device(resumed, "cpu")]
+    assert before + after == uninterrupted  # no batch lost, none repeated
+    resumed.close()
+
+
+@pytest.mark.timeout(60)
+def test_state_dict_at_the_last_batch_and_after_the_epoch(fake: FakeBackend) -> None:
+    fake.auto_complete = True
+    loader = pinned_loader()
+    moved = shmloader.to_device(loader, "cpu")
+    it = iter(moved)
+    for _ in range(ROWS // 8):
+        next(it)
+    holding_last = moved.state_dict()  # the loader already saw the end; the caller did not
+    assert holding_last["in_progress"] and holding_last["delivered"] == [[0, ROWS // 8]]
+    assert list(it) == []
+    after_epoch = moved.state_dict()
+    assert not after_epoch["in_progress"] and after_epoch == loader.state_dict()
+    assert holding_last["epoch"] == 0 and after_epoch["epoch"] == 1
+    loader.close()
+
+
+@dataclass(eq=False)
+class TorchNamedFake(FakeBackend):
+    """A fake that says it is the torch backend: its transfer must only be used for CUDA devices."""
+
+    name: str = "torch"
+
+
+def test_a_cuda_backend_transfers_only_to_cuda_devices() -> None:
+    stub, fake = TorchNamedFake(), FakeBackend()
+    assert type(transfer_for(SimpleNamespace(_pinner=stub), "cpu")).__name__ == "_SyncTransfer"
+    assert type(transfer_for(SimpleNamespace(_pinner=stub), "meta")).__name__ == "_SyncTransfer"
+    assert transfer_for(SimpleNamespace(_pinner=stub), "cuda") is stub
+    assert transfer_for(SimpleNamespace(_pinner=stub), "cuda:1") is stub
+    assert transfer_for(SimpleNamespace(_pinner=fake), "cpu") is fake  # the fake drives any device
+
+
+@pytest.mark.timeout(60)
+def test_to_cpu_with_a_cuda_backend_is_a_plain_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    stub = TorchNamedFake()
+    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
+    monkeypatch.setattr(pinning, "make_backend", lambda name: stub)
+    loader = pinned_loader()
+    moved = [x for (x,) in shmloader.to_device(loader, "cpu")]
+    assert loader._pinner is stub and stub.registered  # the loader pins with it...
+    assert stub.count("stream") == stub.count("copy") == stub.count("wait") == 0  # ...the copy is .to()
+    for k, x in enumerate(moved):
+        assert isinstance(x, torch.Tensor) and x.device.type == "cpu"
+        np.testing.assert_array_equal(x.numpy(), expected(k))
+    del moved, x
+    loader.close()
 
 
 def test_max_held_must_not_be_negative() -> None:

@@ -241,7 +241,7 @@ def test_spawn_and_persistent_workers_resume() -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("gen", ["torch", "none"])
 def test_torch_generator_and_global_rng(gen: str) -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     reference = epochs({"workers": 0, "gen": gen}, 2)
     assert sorted(r[0] for b in reference[0] for r in b) == list(range(N))
     cases, befores = [], []
