@@ -25,6 +25,8 @@ import numpy as np
 
 from shmloader.bench_report import Bandwidth
 
+from .pin_backends import iter_leaves
+
 __all__ = [
     "Field",
     "Workload",
@@ -155,15 +157,8 @@ def _make_value(field: Field, k: int) -> Any:
 
 
 def iter_arrays(batch: Any) -> Iterator[Any]:
-    """Yield every array or tensor inside a batch (nested tuples, lists and dicts)."""
-    if isinstance(batch, dict):
-        for value in batch.values():
-            yield from iter_arrays(value)
-    elif isinstance(batch, (tuple, list)):
-        for value in batch:
-            yield from iter_arrays(value)
-    elif isinstance(batch, np.ndarray) or hasattr(batch, "data_ptr"):
-        yield batch
+    """Yield every array or tensor inside a batch (nested tuples, lists and mappings)."""
+    return (leaf for leaf in iter_leaves(batch) if isinstance(leaf, np.ndarray) or hasattr(leaf, "data_ptr"))
 
 
 def touch_batch(batch: Any) -> float:
@@ -261,8 +256,9 @@ def _shmloader_pinned_batch(workload: Workload) -> Iterator[Any]:
 
     The loader stays open while the view is used: closing it may unregister the slot.
     """
-    import shmloader
     import torch
+
+    import shmloader
 
     loader_class: Any = getattr(shmloader, "DataLoader")
     # one worker, so the batch really lives in a (pinned) slot; the iterator is kept open meanwhile

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-from .errors import ConfigError
 
 __all__ = ["logger", "apply_log_level", "LOG_FORMAT"]
 
@@ -47,14 +46,11 @@ def apply_log_level(level: str | int) -> int:
 
 
 def _level_number(level: str | int) -> int:
+    """A level number; a name is checked by the ``log_level`` option's own parser (one list, one message)."""
     if isinstance(level, int) and not isinstance(level, bool):
         return level
-    name = level.upper() if isinstance(level, str) else ""
-    number = logging.getLevelName(name)
-    if not isinstance(number, int):
-        raise ConfigError(
-            f"log_level={level!r} is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL)",
-            name="log_level",
-            value=level,
-        )
+    from .config_fields import FIELDS_BY_NAME  # config_fields imports nothing of ours but errors
+
+    number = logging.getLevelName(FIELDS_BY_NAME["log_level"].from_argument(level))
+    assert isinstance(number, int)
     return number

@@ -84,3 +84,16 @@ def no_leak_in_session():
     leaks = _leaks()
     if leaks:
         pytest.fail("the test session left behind:\n  " + "\n  ".join(leaks), pytrace=False)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch):
+    """The loader's pin backend is the fake one (SHMLOADER_PIN_BACKEND=fake); returns that backend."""
+    from shmloader import pinning
+    from shmloader.pin_fake import FakeBackend
+
+    backend = FakeBackend()
+    make_backend = pinning.make_backend
+    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
+    monkeypatch.setattr(pinning, "make_backend", lambda name: backend if name == "fake" else make_backend(name))
+    return backend

@@ -36,12 +36,9 @@ ROWS, COLS = 96, 16
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
-    """The loader's pin backend (SHMLOADER_PIN_BACKEND=fake); its log also records Segment.close."""
-    backend = FakeBackend()
-    make_backend = pinning.make_backend
-    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
-    monkeypatch.setattr(pinning, "make_backend", lambda name: backend if name == "fake" else make_backend(name))
+def fake(fake: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
+    """conftest's fake pin backend, whose log here also records Segment.close."""
+    backend = fake
     original = Segment.close
 
     def close(self: Segment) -> bool:

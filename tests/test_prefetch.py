@@ -32,13 +32,6 @@ ROWS, COLS = 64, 8
 Pair = namedtuple("Pair", "left right")
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
-    backend = FakeBackend()
-    make_backend = pinning.make_backend
-    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
-    monkeypatch.setattr(pinning, "make_backend", lambda name: backend if name == "fake" else make_backend(name))
-    return backend
 
 
 def pinned_loader(**kwargs: Any) -> shmloader.DataLoader:

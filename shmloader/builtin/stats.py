@@ -47,8 +47,6 @@ class Occupancy:
 class Stats:
     """Counters of one loader, across its epochs; an observer plugin (see module docstring)."""
 
-    batches: int = 0
-    bytes: int = 0
     wait_s: float = 0.0
     consumer_s: float = 0.0
     epochs: int = 0
@@ -82,8 +80,6 @@ class Stats:
         if last is not None:
             self.consumer_s += max(now - last - wait_s, 0.0)
         self._last_handout = now
-        self.batches += 1
-        self.bytes += nbytes
         self.wait_s += wait_s
         w = self.workers.get(worker_id)
         if w is None:
@@ -105,6 +101,15 @@ class Stats:
         self._last_handout = None  # the time between epochs is neither waiting nor consuming
 
     # -- report -----------------------------------------------------------------------------
+    @property
+    def batches(self) -> int:
+        """Batches handed out, across workers (derived: the per-worker totals are the record)."""
+        return sum(w.batches for w in self.workers.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.bytes for w in self.workers.values())
+
     def count_epoch(self) -> int:
         """Count an ended epoch (before observers see it); returns its index from 0."""
         self.epochs += 1
@@ -112,10 +117,11 @@ class Stats:
 
     def summary(self) -> dict[str, Any]:
         """``loader.stats()``: totals, per-worker timings, slot occupancy and the verdict."""
-        n = max(self.batches, 1)
+        batches = self.batches
+        n = max(batches, 1)
         occ = self.occupancy
         return {
-            "batches": self.batches, "bytes": self.bytes, "epochs": self.epochs,
+            "batches": batches, "bytes": self.bytes, "epochs": self.epochs,
             "wait_s": round(self.wait_s, 6), "consumer_s": round(self.consumer_s, 6),
             "worker_starts": self.worker_starts, "worker_deaths": self.worker_deaths,
             "worker_restarts": self.worker_restarts,
