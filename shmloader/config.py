@@ -71,6 +71,7 @@ class Config:
     max_restarts: int = 16
     max_task_attempts: int = 3
     task_seeding: bool = False
+    dispatch: str = "round_robin"
     task_timeout_s: float = 0
     log_level: str = "WARNING"
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)

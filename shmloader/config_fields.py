@@ -22,12 +22,13 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "START_METHODS", "LOG_LEVELS", "parse_size", "env_name"]
+__all__ = ["DISPATCH_POLICIES", "FALSE_WORDS", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS",
+           "TRUE_WORDS", "env_name", "parse_size"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 _BOOL_ACCEPTS = "one of 1/0/true/false/yes/no/on/off"
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -156,9 +157,9 @@ def _check_seconds(value: Any) -> float:
 
 def _parse_bool(text: str) -> bool:
     lowered = text.lower()
-    if lowered in _TRUE:
+    if lowered in TRUE_WORDS:
         return True
-    if lowered in _FALSE:
+    if lowered in FALSE_WORDS:
         return False
     raise _Invalid("is not a boolean")
 
@@ -241,6 +242,8 @@ def _field(name: str, type_: str, default: Any, meaning: str, example: str, acce
 
 
 _ON_DEATH = _choice("raise", "restart", what="a worker-death policy")
+DISPATCH_POLICIES = ("round_robin", "least_loaded")
+_DISPATCH = _choice(*DISPATCH_POLICIES, what="a dispatch policy")
 _START_ACCEPTS = "one of " + ", ".join(START_METHODS)
 
 FIELDS: tuple[Field, ...] = (
@@ -277,6 +280,10 @@ FIELDS: tuple[Field, ...] = (
     _field("task_seeding", "bool", False,
            "seed random/numpy/torch per task from (base_seed, task), not per worker", "1",
            _BOOL_ACCEPTS, _parse_bool, _check_bool),
+    _field("dispatch", "str", "round_robin",
+           "which worker runs task t: worker t % num_workers as in torch, or the least loaded one",
+           "least_loaded",
+           "one of " + ", ".join(DISPATCH_POLICIES), _DISPATCH, _checked_str(_DISPATCH)),
     _field("task_timeout_s", "float", 0, "seconds a task may run before its worker is killed; 0 is off", "300",
            "a finite number >= 0 (seconds)", _parse_float, _check_seconds),
     _field("log_level", "str", "WARNING", "level of the 'shmloader' logger", "DEBUG",

@@ -43,7 +43,7 @@ T_co = TypeVar("T_co", covariant=True)
 _CONFIG_OPTIONS = (
     "num_workers", "prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout",
     "in_order", "pin_memory", "slot_bytes", "max_slots", "shm_dir", "on_worker_death", "max_restarts",
-    "max_task_attempts", "task_seeding", "task_timeout_s", "log_level",
+    "max_task_attempts", "task_seeding", "dispatch", "task_timeout_s", "log_level",
 )
 _IMMUTABLE = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
@@ -113,6 +113,7 @@ class DataLoader(Generic[T_co]):
         max_restarts: int | None = None,
         max_task_attempts: int | None = None,
         task_seeding: bool | None = None,
+        dispatch: str | None = None,
         task_timeout_s: float | None = None,
         log_level: str | None = None,
         plugins: Iterable[Any] | None = None,

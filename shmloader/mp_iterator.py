@@ -7,8 +7,12 @@ closed. Each ``__next__`` runs these steps until a batch is due:
 
 1. ``dispatch``: while fewer than ``prefetch_factor × workers`` tasks are in the pipeline, take
    the next indices from the sampler, a free slot from the ring (growing it when the user holds
-   the others) and send a task to the worker with the fewest outstanding (round-robin for an
-   iterable dataset, whose interleaving is torch's);
+   the others) and send a task to a worker holding fewer than ``prefetch_factor``. Which worker is
+   the ``dispatch`` option's: ``round_robin`` (default) is torch's, task t of the epoch to worker
+   t % workers, waiting for that worker when it is full (with ``in_order=False``: torch's cycle,
+   passing over a full worker), so each worker's seeded RNG streams meet the same samples as in
+   torch; ``least_loaded`` sends it to the worker with the fewest outstanding. An iterable
+   dataset is always dealt round-robin over the workers not yet exhausted, as torch deals it;
 2. ``pop``: if the reorder buffer has the next batch due, lease its slot and decode its views;
 3. ``wait``: block in ONE ``multiprocessing.connection.wait`` over every worker's reply pipe and
    process sentinel, bounded only by ``timeout=`` and the per-task hang deadline; then
@@ -173,6 +177,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
     # -- 1. dispatch ---------------------------------------------------------------------------
     def _dispatch(self) -> None:
         while not self._sampler_done and self._current_inflight() + len(self._reorder) < self._capacity():
+            try:
+                self._skip_delivered()  # first, so the worker is chosen for the task number it runs
+            except StopIteration:
+                self._sampler_done = True
+                return
             worker = self._pick_worker()
             if worker is None:
                 return
@@ -185,19 +194,38 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             self._next_task += 1
             self._send(worker, rec)
 
-    def _next_indices(self) -> list[Any] | None:
-        while self._next_task in self._skip:  # resume: delivered before the save, never dispatched
+    def _skip_delivered(self) -> None:
+        """Resume: tasks delivered before the save are taken from the sampler, never dispatched.
+
+        Each keeps its task number (and its turn in the ``in_order=False`` cycle), so the tasks that
+        are dispatched go to the workers they would have gone to in an uninterrupted epoch.
+        """
+        while self._next_task in self._skip:
             next(self._sampler_iter)
             self._reorder.skip(self._next_task)
             self._next_task += 1
+            self._rr = (self._rr + 1) % self._num_workers
+
+    def _next_indices(self) -> list[Any] | None:
         batch = next(self._sampler_iter)
         if self._iterable:
             return None
         return list(batch) if self._auto_collation else [batch]
 
     def _pick_worker(self) -> WorkerHandle | None:
+        """The worker for task ``self._next_task``, or None to wait for replies first."""
         workers = self._pool.workers
         n = len(workers)
+        if not self._iterable and self._cfg.dispatch == "round_robin":
+            if self._in_order:  # torch: task t to worker t % n, however busy the others are
+                w = workers[self._next_task % n]
+                return w if len(w.outstanding) < self._prefetch else None
+            for _ in range(n):  # torch's in_order=False: the same cycle, passing over a full worker
+                w = workers[self._rr % n]
+                self._rr = (self._rr + 1) % n
+                if len(w.outstanding) < self._prefetch:
+                    return w
+            return None
         if self._iterable:
             for _ in range(n):
                 w = workers[self._rr % n]

@@ -151,6 +151,8 @@ class _Worker:
         self.pending: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
         self.epoch = 0
         torch = sys.modules.get("torch")
+        if torch is None and spec.to_torch:  # torch's flavour: seeded as torch's workers always are,
+            import torch  # even when the dataset imports it only later (spawn, forkserver)
         if torch is not None:
             torch.set_num_threads(1)
         seed = worker_info.seed_worker(spec.base_seed, worker_id)
