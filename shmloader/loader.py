@@ -300,9 +300,11 @@ class DataLoader(Generic[T_co]):
         sweep_dead_segments(shm_dir)
         # One backend per loader; it registers each segment once and unregisters it before unmap.
         pin = self._pinner = pinning.backend_for(self)
+        # A dropped batch's slot is reused only once the copies enqueued before the drop are done.
+        fence = getattr(pin, "fence", None) if pin is not None and pin.device_pinned else None
         return Ring(shm_dir, max_slots=self._config.max_slots,
                     on_create=pin.register_segment if pin else None,
-                    on_retire=pin.unregister_segment if pin else None)
+                    on_retire=pin.unregister_segment if pin else None, fence=fence)
 
     def _preflight(self, ring: Ring, slot_bytes: int, slots: int) -> None:
         check_ring_fits(ring, slot_bytes, slots, num_workers=self.num_workers,

@@ -4,7 +4,11 @@ Owns the two small interfaces of the GPU handoff (issue 5, docs/gpu.md) and the 
 implementations:
 
 - :class:`PinBackend` — ``register_segment`` (pin a new segment, once), ``unregister_segment``
-  (unpin it before it is unmapped), ``finish`` (the last step of each batch before the user).
+  (unpin it before it is unmapped), ``finish`` (the last step of each batch before the user) and
+  ``fence`` (an event recorded on the caller's current stream when a batch is dropped: the ring
+  hands that slot to a worker only once it has completed, so a ``.to(device, non_blocking=True)``
+  the caller enqueued never reads bytes a worker is rewriting; torch's own pinned buffers get the
+  same guarantee from its caching host allocator).
 - :class:`Transfer` — what the device prefetcher (``shmloader.prefetch``) needs: a side stream,
   an asynchronous copy of a whole batch that returns an event, and "make the caller's stream
   wait on that event". Events answer ``query()`` and ``synchronize()``.
@@ -32,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .cudart import clear_last_error
 from .log import logger
 from .segment import Segment
 
@@ -52,6 +57,7 @@ class PinBackend(Protocol):
     def register_segment(self, segment: Segment) -> None: ...
     def unregister_segment(self, segment: Segment) -> None: ...
     def finish(self, batch: Any) -> Any: ...
+    def fence(self) -> Event | None: ...
 
 
 class Transfer(Protocol):
@@ -181,6 +187,10 @@ class _RegisteringBackend:
         """Slot-backed arrays are already pinned (their pages are registered): nothing to copy."""
         return batch
 
+    def fence(self) -> Event | None:
+        """No device reads the slot asynchronously: it is reusable at once."""
+        return None
+
     def _pin(self, address: int, nbytes: int) -> str | None:
         raise NotImplementedError
 
@@ -206,14 +216,30 @@ class TorchCudaBackend(_RegisteringBackend):
         return bool(torch.cuda.is_available())
 
     def _pin(self, address: int, nbytes: int) -> str | None:
-        rc = int(self._torch.cuda.cudart().cudaHostRegister(address, nbytes, _HOST_REGISTER_PORTABLE))
-        return None if rc == 0 else f"cudaHostRegister returned cudaError {rc}"
+        status = self._torch.cuda.cudart().cudaHostRegister(address, nbytes, _HOST_REGISTER_PORTABLE)
+        return None if int(status) == 0 else self._failed("cudaHostRegister", status)
 
     def _unpin(self, address: int, nbytes: int) -> str | None:
         # A copy the caller enqueued may still read these pages: let the device finish first.
         self._torch.cuda.synchronize()
-        rc = int(self._torch.cuda.cudart().cudaHostUnregister(address))
-        return None if rc == 0 else f"cudaHostUnregister returned cudaError {rc}"
+        status = self._torch.cuda.cudart().cudaHostUnregister(address)
+        return None if int(status) == 0 else self._failed("cudaHostUnregister", status)
+
+    def _failed(self, call: str, status: Any) -> str:
+        """The error in words (``status``: the binding's cudaError value). The runtime's last error
+        is cleared, or torch's next launch check would raise it as its own."""
+        clear_last_error()
+        try:
+            text = str(self._torch.cuda.cudart().cudaGetErrorString(status))
+        except Exception:
+            text = "no description"
+        return f"{call} returned cudaError {int(status)} ({text})"
+
+    def fence(self) -> Event:
+        """An event on the current stream: it completes after every copy enqueued there so far."""
+        event = self._torch.cuda.Event()
+        event.record()
+        return event  # type: ignore[no-any-return]
 
     # -- Transfer ----------------------------------------------------------------------------
     def new_stream(self, device: str) -> Any:
@@ -267,6 +293,10 @@ class CupyBackend(_RegisteringBackend):
         self._cupy.cuda.Device().synchronize()
         self._cupy.cuda.runtime.hostUnregister(address)
         return None
+
+    def fence(self) -> Event:
+        """An event on cupy's current stream (see :meth:`TorchCudaBackend.fence`)."""
+        return _CupyEvent(self._cupy.cuda.get_current_stream().record())
 
     def _device(self, device: str) -> Any:
         """The cupy device for "cuda:N" (device 0 for "cuda"), a context manager."""

@@ -61,11 +61,13 @@ class FakeBackend:
     """Records pin calls; fake streams and events drive the prefetcher without a device."""
 
     auto_complete: bool = False
+    fences_done: bool = True  # a fence completes at once ("the device is idle") unless set False
     name: str = "fake"
     device_pinned: bool = True
     calls: list[Call] = field(default_factory=list)
     registered: dict[str, int] = field(default_factory=dict)
     events: list[FakeEvent] = field(default_factory=list)
+    fences: list[FakeEvent] = field(default_factory=list)
     sources: list[list[weakref.ref[Any]]] = field(default_factory=list)
     finished: int = 0
     _serial: Any = field(default_factory=itertools.count)
@@ -91,6 +93,13 @@ class FakeBackend:
     def finish(self, batch: Any) -> Any:
         self.finished += 1
         return batch
+
+    def fence(self) -> FakeEvent:
+        """A release fence: done at once with ``fences_done``, else when the test completes it."""
+        event = FakeEvent(next(self._serial), done=self.fences_done)
+        self.fences.append(event)
+        self.calls.append(Call("fence", str(event.serial), os.getpid()))
+        return event
 
     def count(self, kind: str, target: str | None = None) -> int:
         return sum(1 for c in self.calls if c.kind == kind and (target is None or c.target == target))

@@ -16,6 +16,12 @@ A lease is a ctypes buffer over the whole slot. Every array of the batch is a nu
 base is that buffer, so the buffer (and with it the slot) lives exactly as long as the last view;
 a ``weakref.finalize`` on it queues the slot id for release. The queue is a deque because the
 finalizer may run in any thread; the iterator drains it (``collect_released``) before it dispatches.
+
+Pinned slots may still be read by a device copy when their last view dies (``x.to("cuda",
+non_blocking=True)`` then dropping ``x``). With a ``fence`` (the pin backend's), the finalizer also
+records an event on the dropping thread's current stream; the slot *cools* (stays leased) until
+that event has completed, and only then is free. Past ``max_slots`` the ring waits for the oldest
+fence instead of raising.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import RingExhausted
+from .log import logger
 from .segment import Segment, page_round
 
 
@@ -55,6 +63,18 @@ class Slot:
 
 
 SegmentHook = Callable[[Segment], None]
+Fence = Callable[[], Any]  # returns an event (``query()``, ``synchronize()``) or None
+
+
+def _on_release(released: deque[tuple[int, int, Any]], fence: Fence | None, slot_id: int, serial: int) -> None:
+    """The lease's finalizer (any thread): queue the slot, with a fence event when pinned."""
+    event = None
+    if fence is not None:
+        try:
+            event = fence()
+        except Exception as exc:  # never raise in a finalizer; the slot is then reused unfenced
+            logger.warning("could not fence slot %d after its batch was dropped: %s", slot_id, exc)
+    released.append((slot_id, serial, event))
 
 
 class Ring:
@@ -67,12 +87,15 @@ class Ring:
         max_slots: int = 0,
         on_create: SegmentHook | None = None,
         on_retire: SegmentHook | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.shm_dir = shm_dir
         self.max_slots = max_slots
         self.slots: list[Slot] = []
         self._free: deque[int] = deque()
-        self._released: deque[tuple[int, int]] = deque()
+        self._released: deque[tuple[int, int, Any]] = deque()
+        self._cooling: deque[tuple[Slot, int, Any]] = deque()  # dropped, fence not yet completed
+        self._fence = fence
         self._on_create = on_create
         self._on_retire = on_retire
         self.retired_names: list[str] = []
@@ -100,8 +123,14 @@ class Ring:
         return slot
 
     def grow(self, min_bytes: int) -> Slot:
-        """Add a new slot, assigned at once. Raises RingExhausted past ``max_slots``."""
+        """Add a new slot, assigned at once. Past ``max_slots`` wait for the oldest cooling slot's
+        fence; with none cooling, raise RingExhausted."""
         if self.max_slots and len(self.slots) >= self.max_slots:
+            while self._cooling and not self._free:
+                self._cool_oldest()
+            slot = self.take(min_bytes)
+            if slot is not None:
+                return slot
             leased = self.count(SlotState.LEASED)
             raise RingExhausted(
                 f"the slot ring reached max_slots={self.max_slots} and every slot is in use "
@@ -128,7 +157,8 @@ class Ring:
         slot.state = SlotState.LEASED
         slot.lease_serial += 1
         buf = (ctypes.c_char * slot.size_bytes).from_buffer(slot.segment.buf)
-        weakref.finalize(buf, self._released.append, (slot.id, slot.lease_serial))
+        finalizer = weakref.finalize(buf, _on_release, self._released, self._fence, slot.id, slot.lease_serial)
+        finalizer.atexit = False  # nothing to return to a ring at interpreter exit
         return buf
 
     def free(self, slot: Slot) -> None:
@@ -140,16 +170,41 @@ class Ring:
         self._free.append(slot.id)
 
     def collect_released(self) -> int:
-        """Move slots whose last view died back to free; returns how many."""
+        """Move slots whose last view died, and whose fence has completed, back to free; returns
+        how many."""
         n = 0
         while self._released:
-            slot_id, serial = self._released.popleft()
+            slot_id, serial, event = self._released.popleft()
             if slot_id < len(self.slots):
                 slot = self.slots[slot_id]
                 if slot.state is SlotState.LEASED and slot.lease_serial == serial:
-                    self.free(slot)
-                    n += 1
+                    self._cooling.append((slot, serial, event))
+        still: deque[tuple[Slot, int, Any]] = deque()
+        for slot, serial, event in self._cooling:
+            if event is None or event.query():
+                n += self._free_cooled(slot, serial)
+            else:
+                still.append((slot, serial, event))
+        self._cooling = still
         return n
+
+    @property
+    def cooling(self) -> int:
+        """Slots whose batch was dropped but whose fence has not completed yet."""
+        return len(self._cooling)
+
+    def _cool_oldest(self) -> None:
+        """Wait for the oldest cooling slot's fence and free it."""
+        slot, serial, event = self._cooling.popleft()
+        if event is not None:
+            event.synchronize()
+        self._free_cooled(slot, serial)
+
+    def _free_cooled(self, slot: Slot, serial: int) -> int:
+        if slot.state is SlotState.LEASED and slot.lease_serial == serial and slot in self.slots:
+            self.free(slot)
+            return 1
+        return 0
 
     def shrink_to(self, keep: int) -> None:
         """Unlink free slots beyond ``keep`` slots in all (the user let go of held batches)."""
@@ -165,9 +220,10 @@ class Ring:
             return
         self.closed = True
         for slot in self.slots:
-            self._retire(slot.segment)
+            self._retire(slot.segment)  # the pin backend synchronises before it unpins
         self.slots.clear()
         self._free.clear()
+        self._cooling.clear()
 
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int) -> Segment:

@@ -3,8 +3,9 @@
 Run on a GPU machine: ``python -m pytest -m gpu tests/test_gpu.py``. What must hold there:
 batches from pinned slots are pinned with no copy (``is_pinned()``); the torch backend was chosen
 and registered each slot once; ``to_device`` yields exactly the CPU batches; a slot is never
-rewritten while the GPU still reads it, even with slow work queued on the caller's stream; a batch
-held past ``close()`` is still correct (no longer pinned).
+rewritten while the GPU still reads it, even with slow work queued on the caller's stream, whether
+the copy is ``to_device``'s or the caller's own ``.to("cuda", non_blocking=True)`` (the release
+fence); a batch held past ``close()`` is still correct (no longer pinned).
 """
 
 from __future__ import annotations
@@ -98,9 +99,21 @@ def test_to_device_equals_the_cpu_batches(loader_class: str) -> None:
         loader.close()
 
 
+def moved_batches(loader: Any, how: str) -> Any:
+    """The loader's batches on the GPU: through ``to_device``, or torch's own pattern, which drops
+    the pinned source as soon as its ``non_blocking`` copy is enqueued (the release fence's case)."""
+    if how == "to_device":
+        yield from shmloader.to_device(loader, "cuda")
+        return
+    for x, y in loader:
+        x, y = x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
+        yield x, y
+
+
 @pytest.mark.timeout(300)
-def test_no_slot_is_rewritten_while_the_gpu_reads_it() -> None:
-    # Few slots, reused at once; slow work queued on the caller's stream before each check, so the
+@pytest.mark.parametrize("how", ["to_device", "own_non_blocking_copy"])
+def test_no_slot_is_rewritten_while_the_gpu_reads_it(how: str) -> None:
+    # Few slots, reused at once; slow work queued on the caller's stream before each copy, so the
     # copies would race the workers' rewrites if a slot were let go before its copy finished.
     loader = shmloader.torch.DataLoader(dataset(), batch_size=8, num_workers=2, prefetch_factor=1,
                                         pin_memory=True, persistent_workers=True)
@@ -108,16 +121,27 @@ def test_no_slot_is_rewritten_while_the_gpu_reads_it() -> None:
     sums = []
     try:
         for _epoch in range(3):
-            for x, _y in shmloader.to_device(loader, "cuda"):
-                for _ in range(4):
-                    ballast = ballast @ ballast
-                    ballast /= ballast.norm()
+            for x, _y in moved_batches(_Slow(loader, ballast), how):
                 sums.append(x.sum(dtype=torch.float64))
     finally:
         loader.close()
     got = torch.stack(sums).cpu().numpy()
     want = np.array([expected(k, 8).sum(dtype=np.float64) for k in range(ROWS // 8)] * 3)
     np.testing.assert_array_equal(got, want)
+
+
+class _Slow:
+    """The loader, with slow work queued on the current stream before each batch is handed on."""
+
+    def __init__(self, loader: Any, ballast: Any) -> None:
+        self.loader, self.ballast = loader, ballast
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            for _ in range(4):
+                self.ballast = self.ballast @ self.ballast
+                self.ballast /= self.ballast.norm()
+            yield batch
 
 
 @pytest.mark.timeout(120)
@@ -131,3 +155,4 @@ def test_a_batch_held_past_close_is_correct_but_no_longer_pinned() -> None:
     gc.collect()
     assert not x.is_pinned()  # unregistered before the ring let go of its segment
     assert torch.equal(x.to("cuda").cpu(), torch.from_numpy(expected(0, 16)))
+

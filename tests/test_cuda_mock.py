@@ -1,0 +1,359 @@
+"""The torch and cupy pin backends driven through a recording stand-in for the CUDA runtime.
+
+CI has no GPU, so these tests replace the few runtime entry points the backends call (torch's
+``torch.cuda.cudart()`` bindings, streams and events; cupy's ``runtime``, ``Stream`` and ``Device``)
+with fakes that record each call, and run real loaders against them. What they pin down is our
+side of the contract, the part a GPU run would otherwise be the first to exercise:
+
+- the built-in selection picks the torch backend when ``torch.cuda.is_available()``;
+- ``cudaHostRegister`` gets each segment's page-aligned address, its full size and the portable
+  flag, once per segment; ``cudaHostUnregister`` gets the same address after a device
+  synchronisation and before the segment is unmapped;
+- a failing registration warns once with the error's number and text, clears the runtime's last
+  error (or torch's next launch check would report it), and the batches stay correct;
+- dropping a batch records a fence event on the current stream;
+- the torch transfer copies on the side stream, records the event there, and the caller's stream
+  waits on it before the batch is handed out;
+- cupy: the same registration contract, and its transfer fills device arrays with the batch.
+
+The real thing runs in tests/test_gpu.py on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import sys
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import cudart, pin_backends, pinning
+from shmloader.pin_backends import CupyBackend, TorchCudaBackend, segment_address
+from shmloader.segment import PAGE_BYTES, Segment
+
+ROWS, COLS = 64, 8
+
+
+def data() -> np.ndarray:
+    return np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+
+
+def expected(k: int) -> np.ndarray:
+    return data()[k * 8:(k + 1) * 8]
+
+
+class Status(int):
+    """Like the binding's pybind11 ``cudaError`` enum: convertible with ``int()``."""
+
+
+@dataclass
+class FakeRuntime:
+    """Records the runtime calls; ``fail_register`` makes cudaHostRegister return that error."""
+
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+    fail_register: int = 0
+    mapped: Any = None  # name -> Segment, to check the mapping is alive at unregister
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> Status:  # noqa: N802
+        self.log.append(("register", ptr, size, flags))
+        return Status(self.fail_register)
+
+    def cudaHostUnregister(self, ptr: int) -> Status:  # noqa: N802
+        self.log.append(("unregister", ptr))
+        return Status(0)
+
+    def cudaGetErrorString(self, status: Any) -> str:  # noqa: N802
+        return {1: "invalid argument", 712: "part or all of the requested memory range is already mapped"}.get(
+            int(status), "unknown")
+
+
+class FakeEvent:
+    serials = itertools.count()
+
+    def __init__(self, log: list[tuple[Any, ...]], current: Any) -> None:
+        self.serial, self.log, self._current, self.done = next(self.serials), log, current, False
+
+    def record(self, stream: Any = None) -> None:
+        self.log.append(("record", self.serial, stream if stream is not None else self._current()))
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+        self.log.append(("event_sync", self.serial))
+
+
+class FakeStream:
+    def __init__(self, name: str, log: list[tuple[Any, ...]]) -> None:
+        self.name, self.log = name, log
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.log.append(("wait", self.name, event.serial))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
+    """torch.cuda as seen by the torch backend, with a recording runtime behind it."""
+    torch = pytest.importorskip("torch")
+    runtime = FakeRuntime()
+    log = runtime.log
+    streams = {"current": FakeStream("default", log)}
+
+    @contextlib.contextmanager
+    def stream(s: FakeStream) -> Any:
+        saved, streams["current"] = streams["current"], s
+        try:
+            yield
+        finally:
+            streams["current"] = saved
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "cudart", lambda: runtime)
+    monkeypatch.setattr(cuda, "synchronize", lambda device=None: log.append(("synchronize",)))
+    monkeypatch.setattr(cuda, "Event", lambda **kw: FakeEvent(log, lambda: streams["current"]))
+    monkeypatch.setattr(cuda, "Stream", lambda device=None, **kw: FakeStream("side", log))
+    monkeypatch.setattr(cuda, "stream", stream)
+    monkeypatch.setattr(cuda, "current_stream", lambda device=None: streams["current"])
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True, raising=False)
+    monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
+    monkeypatch.setattr(pin_backends, "clear_last_error", lambda: log.append(("clear_last_error",)) or True)
+    pinning.accelerator_available.cache_clear()
+    yield runtime
+    pinning.accelerator_available.cache_clear()
+
+
+def kinds(log: list[tuple[Any, ...]], *names: str) -> list[tuple[Any, ...]]:
+    return [entry for entry in log if entry[0] in names]
+
+
+@pytest.mark.timeout(60)
+def test_each_segment_is_registered_once_with_its_address_size_and_flag(
+        fake_cuda: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    addresses: dict[str, int] = {}
+    create = Segment.create
+
+    def remember(*args: Any, **kwargs: Any) -> Segment:
+        segment = create(*args, **kwargs)
+        addresses[segment.name] = segment_address(segment)
+        return segment
+
+    monkeypatch.setattr(Segment, "create", staticmethod(remember))
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=2, pin_memory=True,
+                                  persistent_workers=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's "no accelerator" warning must not come
+            for _epoch in range(2):
+                for k, (x,) in enumerate(loader):
+                    np.testing.assert_array_equal(x, expected(k))
+        assert isinstance(loader._pinner, TorchCudaBackend)
+        segments = {s.segment.name: s.segment for s in loader._iterator._ring.slots}
+    finally:
+        loader.close()
+    registered = kinds(fake_cuda.log, "register")
+    assert len(registered) == len(addresses) == len({r[1] for r in registered}) >= 1
+    for _kind, ptr, size, flags in registered:
+        assert ptr % PAGE_BYTES == 0 and flags == 1  # cudaHostRegisterPortable
+        assert ptr in addresses.values()
+    sizes = {addresses[name]: seg.size_bytes for name, seg in segments.items()}
+    assert all(sizes.get(ptr, size) == size for _k, ptr, size, _f in registered)
+    # Unregistered each once, the device synchronised just before each.
+    unregistered = kinds(fake_cuda.log, "unregister")
+    assert sorted(u[1] for u in unregistered) == sorted(r[1] for r in registered)
+    flow = [e[0] for e in kinds(fake_cuda.log, "synchronize", "unregister")]
+    assert all(flow[i - 1] == "synchronize" for i, k in enumerate(flow) if k == "unregister")
+
+
+@pytest.mark.timeout(60)
+def test_unregister_comes_before_unmap_for_a_batch_held_past_close(
+        fake_cuda: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    close = Segment.close
+
+    def recording_close(self: Segment) -> bool:
+        unmapped = close(self)
+        if unmapped:
+            order.append("unmap")
+        return unmapped
+
+    monkeypatch.setattr(Segment, "close", recording_close)
+    monkeypatch.setattr(fake_cuda, "cudaHostUnregister",
+                        lambda ptr: order.append("unregister") or Status(0))
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    it = iter(loader)
+    (x,) = next(it)
+    del it
+    loader.close()
+    np.testing.assert_array_equal(x, expected(0))  # still mapped: the user holds it
+    assert "unregister" in order and "unmap" not in order[:order.index("unregister")]
+    del x
+    gc.collect()
+    assert order.count("unmap") >= 1
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_registration_warns_once_clears_the_error_and_stays_correct(fake_cuda: FakeRuntime) -> None:
+    fake_cuda.fail_register = 712
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=2, pin_memory=True)
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            got = [x.copy() for (x,) in loader]
+        assert len(caught) == 1
+        text = str(caught[0].message)
+        assert "cudaHostRegister returned cudaError 712" in text and "already mapped" in text
+        assert "unpinned" in text
+    finally:
+        loader.close()
+    np.testing.assert_array_equal(np.concatenate(got), data())
+    assert kinds(fake_cuda.log, "clear_last_error")
+    assert not kinds(fake_cuda.log, "unregister")  # nothing was registered, nothing unregistered
+
+
+@pytest.mark.timeout(60)
+def test_a_dropped_batch_records_a_fence_on_the_current_stream(fake_cuda: FakeRuntime) -> None:
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    try:
+        it = iter(loader)
+        (x,) = next(it)
+        before = len(kinds(fake_cuda.log, "record"))
+        del x
+        gc.collect()
+        records = kinds(fake_cuda.log, "record")[before:]
+        assert len(records) == 1 and repr(records[0][2]) == "default"
+        del it
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_torch_transfer_copies_on_the_side_stream_and_the_caller_waits(fake_cuda: FakeRuntime) -> None:
+    torch = pytest.importorskip("torch")
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True,
+                                  persistent_workers=True)
+    try:
+        # "cpu" stands in for the device: the copies are real, streams and events are the fakes'.
+        prefetcher = shmloader.to_device(loader, "cpu", transfer=TorchCudaBackend())
+        for k, (x,) in enumerate(prefetcher):
+            assert isinstance(x, torch.Tensor)
+            np.testing.assert_array_equal(x.numpy(), expected(k))
+            copy_events = [e for e in kinds(fake_cuda.log, "record") if repr(e[2]) == "side"]
+            waits = kinds(fake_cuda.log, "wait")
+            assert len(waits) == k + 1 and waits[-1][1] == "default"
+            assert waits[-1][2] == copy_events[k][1]  # the caller waits on batch k's own event
+            assert len(copy_events) == min(k + 2, ROWS // 8)  # batch k+1 is already on its way
+    finally:
+        loader.close()
+
+
+# -- cupy ---------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
+    """A ``cupy`` module with the runtime, streams, events, devices and arrays the backend uses."""
+    runtime = FakeRuntime()
+    log = runtime.log
+
+    class Event:
+        def __init__(self, stream: Any) -> None:
+            self.stream, self.done = stream, True
+
+        def synchronize(self) -> None:
+            log.append(("event_sync",))
+
+    class Stream:
+        def __init__(self, non_blocking: bool = False, name: str = "side") -> None:
+            self.name = name
+
+        def record(self) -> Event:
+            log.append(("record", self.name))
+            return Event(self)
+
+        def wait_event(self, event: Event) -> None:
+            log.append(("wait", self.name, event.stream.name))
+
+        def __enter__(self) -> Stream:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    class Device:
+        def __init__(self, index: int = 0) -> None:
+            self.index = index
+
+        def synchronize(self) -> None:
+            log.append(("synchronize",))
+
+        def __enter__(self) -> Device:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    class DeviceArray:
+        def __init__(self, shape: Any, dtype: Any) -> None:
+            self.host = np.empty(shape, dtype)
+
+        def set(self, array: np.ndarray, stream: Any = None) -> None:
+            log.append(("set", getattr(stream, "name", None)))
+            self.host[...] = array
+
+    def host_register(ptr: int, size: int, flags: int) -> None:
+        runtime.cudaHostRegister(ptr, size, flags)
+
+    current = Stream(name="default")
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, hostRegister=host_register,
+                                      hostUnregister=runtime.cudaHostUnregister),
+        Stream=Stream, Device=Device, get_current_stream=lambda: current)
+    cupy.empty = DeviceArray  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setenv(pinning.ENV_BACKEND, "cupy")
+    return runtime
+
+
+@pytest.mark.timeout(60)
+def test_cupy_registers_each_segment_once_and_moves_batches(fake_cupy: FakeRuntime) -> None:
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True,
+                                  persistent_workers=True)
+    try:
+        assert CupyBackend.usable()
+        moved = [x.host.copy() for (x,) in shmloader.to_device(loader, "cuda:0")]
+        assert isinstance(loader._pinner, CupyBackend)
+    finally:
+        loader.close()
+    np.testing.assert_array_equal(np.concatenate(moved), data())
+    registered = kinds(fake_cupy.log, "register")
+    assert registered and all(r[1] % PAGE_BYTES == 0 and r[3] == 1 for r in registered)
+    assert sorted(u[1] for u in kinds(fake_cupy.log, "unregister")) == sorted(r[1] for r in registered)
+    assert {s[1] for s in kinds(fake_cupy.log, "set")} == {"side"}  # non_blocking: on the side stream
+    assert ("wait", "default", "side") in fake_cupy.log  # the caller's stream waits on the copy
+
+
+# -- the runtime library ------------------------------------------------------------------------
+def test_find_cudart_reads_proc_maps_lines() -> None:
+    lines = [
+        "7f00-7f10 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6\n",
+        "7f20-7f30 r-xp 00000000 08:01 99 /opt/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12\n",
+        "7f40-7f50 rw-p 00000000 00:00 0\n",
+    ]
+    assert cudart.find_cudart(lines) == "/opt/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"
+    assert cudart.find_cudart(lines[:1] + lines[2:]) is None
+
+
+def test_clear_last_error_is_a_no_op_without_a_loaded_runtime() -> None:
+    with open(cudart.MAPS) as maps:
+        loaded = cudart.find_cudart(maps)
+    assert cudart.clear_last_error() is (loaded is not None)
