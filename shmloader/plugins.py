@@ -14,13 +14,17 @@ Promises:
 - a function named ``shmloader_<hook>`` is a hook implementation whether or not it is marked
   with :data:`shmloader.hookspecs.hookimpl` (the mark adds ``tryfirst``/``trylast``);
 - an entry point may name a module, an object or a class (instantiated with no arguments, once per
-  loader); the group is scanned once per ``sys.path``.
+  loader); the group is scanned once per ``sys.path``;
+- ``SHMLOADER_DISABLE_PLUGIN_AUTOLOAD`` set true (as pytest's ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``)
+  loads no entry point, in the main process or the workers; explicit ``plugins=[...]`` still
+  register. A value that is not a boolean is a :class:`~shmloader.errors.ConfigError` naming it.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -31,11 +35,28 @@ import pluggy
 from . import hookspecs
 from .builtin.collate import RegisteredRules
 from .builtin.stats import Stats
-from .errors import PluginError
+from .config import register_variable
+from .config_fields import FALSE_WORDS, TRUE_WORDS
+from .errors import ConfigError, PluginError
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginError", "Plugins", "build_plugin_manager", "worker_collate_rules"]
 
 ENTRY_POINT_GROUP = "shmloader"
+ENV_NO_AUTOLOAD = "SHMLOADER_DISABLE_PLUGIN_AUTOLOAD"
+
+register_variable(ENV_NO_AUTOLOAD, "1: load no plugin from the 'shmloader' entry-point group (default 0)")
+
+
+def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether entry-point plugins are loaded: not when ``SHMLOADER_DISABLE_PLUGIN_AUTOLOAD`` is true."""
+    value = (os.environ if environ is None else environ).get(ENV_NO_AUTOLOAD, "").strip()
+    if not value:
+        return True
+    lowered = value.lower()
+    if lowered not in TRUE_WORDS + FALSE_WORDS:
+        raise ConfigError(f"{ENV_NO_AUTOLOAD}={value!r} is not a boolean; expected one of "
+                          f"{'/'.join(TRUE_WORDS + FALSE_WORDS)}")
+    return lowered in FALSE_WORDS
 
 
 class _Manager(pluggy.PluginManager):
@@ -130,7 +151,7 @@ def build_plugin_manager(plugins: Iterable[Any] | None = None, *, entry_points: 
     manager = Plugins()
     for name, plugin in _builtin_plugins(manager):
         manager.register(plugin, name)
-    if entry_points:
+    if entry_points and autoload_enabled():
         for name, plugin in load_entry_point_plugins():
             if not manager.pm.is_registered(plugin):
                 manager.register(plugin, name)

@@ -103,8 +103,8 @@ def test_explicit_plugin_rule_is_used_without_workers():
     assert first.shape == (4, 3) and first[0, 2] == os.getpid()
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("method", [*START_METHODS, "forkserver"])
 def test_entry_point_plugin_collates_its_type_in_workers(example_installed, method):
     from shmloader_example_plugin import PAD_ID, PaddedTokens
 
@@ -138,6 +138,30 @@ def test_registered_rule_reaches_spawned_workers():
     finally:
         unregister_collate_rule(fx.Point)
     assert shapes == [(6, 3), (6, 3)]
+
+
+@pytest.mark.timeout(60)
+def test_autoload_can_be_disabled_here_and_in_workers(example_installed, monkeypatch):
+    from shmloader.plugins import ENV_NO_AUTOLOAD
+
+    monkeypatch.setenv(ENV_NO_AUTOLOAD, "1")
+    rec = fx.Recorder()
+    names = build_plugin_manager([rec]).names()
+    assert "example" not in names and names[-1] == "Recorder"  # explicit plugins still register
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        assert pool.submit(fx.rule_names_in_this_process).result(timeout=50) == []
+    monkeypatch.setenv(ENV_NO_AUTOLOAD, "off")
+    assert "example" in build_plugin_manager().names()
+
+
+def test_a_bad_autoload_switch_names_the_variable(monkeypatch):
+    from shmloader.errors import ConfigError
+    from shmloader.plugins import ENV_NO_AUTOLOAD
+
+    monkeypatch.setenv(ENV_NO_AUTOLOAD, "maybe")
+    with pytest.raises(ConfigError, match="SHMLOADER_DISABLE_PLUGIN_AUTOLOAD='maybe' is not a boolean; expected one of"):
+        shmloader.DataLoader(np.zeros(4))
 
 
 def test_explicit_rules_beat_entry_point_rules(example_installed):
