@@ -22,13 +22,13 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["DISPATCH_POLICIES", "FALSE_WORDS", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS",
-           "TRUE_WORDS", "env_name", "parse_size"]
+__all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "bool_switch",
+           "env_name", "parse_size"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 _BOOL_ACCEPTS = "one of 1/0/true/false/yes/no/on/off"
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -95,6 +95,11 @@ class Field:
             ) from None
 
 
+def bool_switch(env: str, meaning: str) -> Field:
+    """A boolean variable read outside the loader's options, parsed and worded like theirs."""
+    return Field(env.lower(), env, "bool", False, meaning, "1", _BOOL_ACCEPTS, _parse_bool)
+
+
 def env_name(name: str) -> str:
     """The variable that sets option ``name``: ``SHMLOADER_<NAME>``, but SHMLOADER_START_METHOD."""
     return "SHMLOADER_START_METHOD" if name == "multiprocessing_context" else f"SHMLOADER_{name.upper()}"
@@ -157,9 +162,9 @@ def _check_seconds(value: Any) -> float:
 
 def _parse_bool(text: str) -> bool:
     lowered = text.lower()
-    if lowered in TRUE_WORDS:
+    if lowered in _TRUE:
         return True
-    if lowered in FALSE_WORDS:
+    if lowered in _FALSE:
         return False
     raise _Invalid("is not a boolean")
 

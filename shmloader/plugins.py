@@ -36,27 +36,22 @@ from . import hookspecs
 from .builtin.collate import RegisteredRules
 from .builtin.stats import Stats
 from .config import register_variable
-from .config_fields import FALSE_WORDS, TRUE_WORDS
-from .errors import ConfigError, PluginError
+from .config_fields import bool_switch
+from .errors import PluginError
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginError", "Plugins", "build_plugin_manager", "worker_collate_rules"]
 
 ENTRY_POINT_GROUP = "shmloader"
 ENV_NO_AUTOLOAD = "SHMLOADER_DISABLE_PLUGIN_AUTOLOAD"
 
-register_variable(ENV_NO_AUTOLOAD, "1: load no plugin from the 'shmloader' entry-point group (default 0)")
+_NO_AUTOLOAD = bool_switch(ENV_NO_AUTOLOAD, "1: load no plugin from the 'shmloader' entry-point group (default 0)")
+register_variable(ENV_NO_AUTOLOAD, _NO_AUTOLOAD.meaning)
 
 
 def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether entry-point plugins are loaded: not when ``SHMLOADER_DISABLE_PLUGIN_AUTOLOAD`` is true."""
-    value = (os.environ if environ is None else environ).get(ENV_NO_AUTOLOAD, "").strip()
-    if not value:
-        return True
-    lowered = value.lower()
-    if lowered not in TRUE_WORDS + FALSE_WORDS:
-        raise ConfigError(f"{ENV_NO_AUTOLOAD}={value!r} is not a boolean; expected one of "
-                          f"{'/'.join(TRUE_WORDS + FALSE_WORDS)}")
-    return lowered in FALSE_WORDS
+    value = (os.environ if environ is None else environ).get(ENV_NO_AUTOLOAD, "")
+    return not value.strip() or not _NO_AUTOLOAD.from_env(value)
 
 
 class _Manager(pluggy.PluginManager):

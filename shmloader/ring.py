@@ -176,16 +176,18 @@ class Ring:
         while self._released:
             slot_id, serial, event = self._released.popleft()
             if slot_id < len(self.slots):
-                slot = self.slots[slot_id]
-                if slot.state is SlotState.LEASED and slot.lease_serial == serial:
-                    self._cooling.append((slot, serial, event))
-        still: deque[tuple[Slot, int, Any]] = deque()
-        for slot, serial, event in self._cooling:
-            if event is None or event.query():
-                n += self._free_cooled(slot, serial)
-            else:
-                still.append((slot, serial, event))
-        self._cooling = still
+                if event is None:  # unpinned (or unfenced): free at once
+                    n += self._free_cooled(self.slots[slot_id], serial)
+                else:
+                    self._cooling.append((self.slots[slot_id], serial, event))
+        if self._cooling:
+            still: deque[tuple[Slot, int, Any]] = deque()
+            for slot, serial, event in self._cooling:
+                if event.query():
+                    n += self._free_cooled(slot, serial)
+                else:
+                    still.append((slot, serial, event))
+            self._cooling = still
         return n
 
     @property
@@ -196,12 +198,12 @@ class Ring:
     def _cool_oldest(self) -> None:
         """Wait for the oldest cooling slot's fence and free it."""
         slot, serial, event = self._cooling.popleft()
-        if event is not None:
-            event.synchronize()
+        event.synchronize()
         self._free_cooled(slot, serial)
 
     def _free_cooled(self, slot: Slot, serial: int) -> int:
-        if slot.state is SlotState.LEASED and slot.lease_serial == serial and slot in self.slots:
+        """Free a released slot unless it was leased again since (a stale release)."""
+        if slot.state is SlotState.LEASED and slot.lease_serial == serial:
             self.free(slot)
             return 1
         return 0

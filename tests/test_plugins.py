@@ -160,7 +160,7 @@ def test_a_bad_autoload_switch_names_the_variable(monkeypatch):
     from shmloader.plugins import ENV_NO_AUTOLOAD
 
     monkeypatch.setenv(ENV_NO_AUTOLOAD, "maybe")
-    with pytest.raises(ConfigError, match="SHMLOADER_DISABLE_PLUGIN_AUTOLOAD='maybe' is not a boolean; expected one of"):
+    with pytest.raises(ConfigError, match="SHMLOADER_DISABLE_PLUGIN_AUTOLOAD='maybe' is not a boolean \\(expected one of"):
         shmloader.DataLoader(np.zeros(4))
 
 
