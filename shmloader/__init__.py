@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from .collate import default_collate, default_convert
-from .datasets import (
+from shmloader.collate import default_collate, default_convert
+from shmloader.datasets import (
     ArrayDataset,
     ChainDataset,
     ConcatDataset,
@@ -18,7 +18,7 @@ from .datasets import (
     TensorDataset,
     random_split,
 )
-from .errors import (
+from shmloader.errors import (
     ConfigError,
     DescriptorError,
     LoaderError,
@@ -32,10 +32,10 @@ from .errors import (
     WorkerHung,
     WorkerTimeout,
 )
-from .hookspecs import hookimpl
-from .loader import DataLoader
-from .prefetch import to_device
-from .samplers import (
+from shmloader.hookspecs import hookimpl
+from shmloader.loader import DataLoader
+from shmloader.prefetch import to_device
+from shmloader.samplers import (
     BatchSampler,
     DistributedSampler,
     RandomSampler,
@@ -44,7 +44,7 @@ from .samplers import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
-from .worker_info import WorkerInfo, get_worker_info
+from shmloader.worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
 

@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import doctor
-from .config import describe, resolve_config
-from .errors import ConfigError
+from shmloader import doctor
+from shmloader.config import describe, resolve_config
+from shmloader.errors import ConfigError
 
 __all__ = ["main"]
 

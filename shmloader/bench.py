@@ -42,7 +42,13 @@ from shmloader.bench_report import (
     to_json_document,
     write_plot,
 )
-from shmloader.bench_workloads import WORKLOADS, Workload, deliver, measure_h2d, touch_batch
+from shmloader.bench_workloads import (
+    WORKLOADS,
+    Workload,
+    deliver,
+    measure_h2d,
+    touch_batch,
+)
 
 __all__ = ["Options", "main", "parse_args", "measure", "make_loader", "close_loader"]
 
@@ -238,7 +244,7 @@ def _header_extra(opts: Options) -> dict[str, Any]:
 
 def _hook_costs() -> str:
     """Main-process cost of the observer hooks per batch (built-in stats, plus 1 and 4 observers)."""
-    from .events import hook_cost_ns
+    from shmloader.events import hook_cost_ns
 
     costs = {n: hook_cost_ns(n, calls=2_000, repeats=10) / 1000 for n in (0, 1, 4)}
     return ", ".join(f"{cost:.1f} ({n} extra observers)" for n, cost in costs.items())
@@ -307,7 +313,7 @@ def make_loader(name: str, workload: Workload, num_workers: int, opts: Options) 
         kwargs["multiprocessing_context"] = opts.start_method
     dataset = workload.dataset(opts.warmup + opts.batches_for(workload))
     if name == "shmloader" and opts.epoch_bars:
-        from .builtin.progress import Progress
+        from shmloader.builtin.progress import Progress
 
         total = opts.warmup + opts.batches_for(workload)
         kwargs["plugins"] = [Progress(total=total, desc=f"{workload.name} workers={num_workers}", leave=False)]

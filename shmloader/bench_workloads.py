@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.bench_report import Bandwidth
-
-from .pin_backends import iter_leaves
+from shmloader.pin_backends import iter_leaves
 
 __all__ = [
     "Field",

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .config_fields import FIELDS, FIELDS_BY_NAME, Field
+from shmloader.config_fields import FIELDS, FIELDS_BY_NAME, Field
+from shmloader.transport.segment import DEFAULT_SHM_DIR
 
 __all__ = [
     "Config",
@@ -66,7 +67,7 @@ class Config:
     pin_memory: bool = False
     slot_bytes: int = 0
     max_slots: int = 0
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = DEFAULT_SHM_DIR
     on_worker_death: str = "raise"
     max_restarts: int = 16
     max_task_attempts: int = 3

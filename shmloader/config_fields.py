@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError
+from shmloader.errors import ConfigError
+from shmloader.transport.segment import DEFAULT_SHM_DIR
 
 __all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "bool_switch",
            "env_name", "parse_size"]
@@ -273,7 +274,7 @@ FIELDS: tuple[Field, ...] = (
            _parse_size, _check_size),
     _field("max_slots", "int", 0, "most slots the ring may grow to; 0 means no limit", "64",
            "an integer >= 0", _parse_int(0), _check_int(0)),
-    _field("shm_dir", "str", "/dev/shm", "directory that holds the shared-memory segments", "/dev/shm",
+    _field("shm_dir", "str", DEFAULT_SHM_DIR, "directory that holds the shared-memory segments", DEFAULT_SHM_DIR,
            "an existing directory", _parse_dir, _check_dir),
     _field("on_worker_death", "str", "raise",
            "raise an error when a worker dies, or restart it and re-dispatch its tasks", "restart",

@@ -5,7 +5,7 @@ needs, RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA, se
 owners) and their findings, each with a remedy. Runs in the CLI process only; torch and cupy are
 imported lazily and guarded, so a broken install is a finding, not a crash. Promises: every
 finding states the measurement it rests on; ``--clean`` removes only dead owners' segments (see
-:mod:`shmloader.sweep`); the exit code is 0 when no finding is a problem, 1 otherwise.
+:mod:`shmloader.transport.sweep`); the exit code is 0 when no finding is a problem, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
-from .config import Config, resolve_config
-from .config_fields import parse_size
-from .errors import ConfigError
-from .sweep import leftovers, sweep_dead_segments
+from shmloader.config import Config, resolve_config
+from shmloader.config_fields import parse_size
+from shmloader.errors import ConfigError
+from shmloader.transport.sweep import leftovers, sweep_dead_segments
 
 __all__ = ["Finding", "RingPlan", "plan_ring", "run_checks", "format_findings", "add_arguments", "run"]
 

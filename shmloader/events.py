@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .builtin.stats import Stats, WorkerStats
-from .plugins import Plugins, build_plugin_manager
+from shmloader.builtin.stats import Stats, WorkerStats
+from shmloader.plugins import Plugins, build_plugin_manager
 
 __all__ = ["Events", "Stats", "WorkerStats", "hook_cost_ns"]
 

@@ -9,13 +9,12 @@ exited unexpectedly", "DataLoader timed out after N seconds") and add the facts 
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from .errors import (
+from shmloader.errors import (
     PoisonTask,
     RestartBudgetExceeded,
     WorkerDied,
@@ -25,6 +24,7 @@ from .errors import (
     format_indices,
     format_tasks,
 )
+from shmloader.transport import segment
 
 Tasks = Mapping[int, Sequence[int] | None]
 
@@ -63,18 +63,10 @@ def hints(shm_dir: str, exitcode: int | None) -> list[str]:
             found.append(f"hint: the cgroup's oom_kill count rose from {_OOM_KILLS_AT_START} to {now} while "
                          "this process ran; the kernel's OOM killer may have killed the worker")
     if exitcode == -signal.SIGBUS:
-        free = shm_free_bytes(shm_dir)
+        free = segment.shm_free_bytes(shm_dir)
         if free is not None:
             found.append(f"hint: SIGBUS often means {shm_dir} ran out of space; it has {free} bytes free now")
     return found
-
-
-def shm_free_bytes(shm_dir: str) -> int | None:
-    try:
-        st = os.statvfs(shm_dir)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _cgroup_oom_kills() -> int:

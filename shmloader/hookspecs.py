@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .collate import CollateRule
-    from .pinning import PinBackend
+    from shmloader.collate import CollateRule
+    from shmloader.pinning import PinBackend
 
 PROJECT = "shmloader"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -21,11 +21,11 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from . import state as _state
-from ._generators import draw_base_seed
-from .errors import PluginError
-from .worker_info import generate_state, task_seed
-from .worker_main import make_fetcher, run_collate
+from shmloader import state as _state
+from shmloader._generators import draw_base_seed
+from shmloader.errors import PluginError
+from shmloader.worker_info import generate_state, task_seed
+from shmloader.worker_main import make_fetcher, run_collate
 
 
 class IterState(enum.Enum):

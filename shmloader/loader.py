@@ -23,20 +23,20 @@ from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
 
-from . import collate as _collate
-from . import loader_checks as checks
-from . import pinning
-from .config import resolve_config
-from .datasets import is_iterable_dataset
-from .events import Events
-from .iterator import BaseIter, SingleProcessIter
-from .log import apply_log_level
-from .plugins import build_plugin_manager
-from .preflight import check_ring_fits
-from .ring import Ring
-from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from .sweep import sweep_dead_segments
-from .worker_main import WorkerSpec
+from shmloader import collate as _collate
+from shmloader import loader_checks as checks
+from shmloader import pinning
+from shmloader.config import resolve_config
+from shmloader.datasets import is_iterable_dataset
+from shmloader.events import Events
+from shmloader.iterator import BaseIter, SingleProcessIter
+from shmloader.log import apply_log_level
+from shmloader.plugins import build_plugin_manager
+from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from shmloader.transport.preflight import check_ring_fits
+from shmloader.transport.ring import Ring
+from shmloader.transport.sweep import sweep_dead_segments
+from shmloader.worker_main import WorkerSpec
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -206,7 +206,7 @@ class DataLoader(Generic[T_co]):
         self._warn_pinning()
         if self.num_workers == 0:
             return SingleProcessIter(self)
-        from .mp_iterator import MultiProcessIter
+        from shmloader.mp_iterator import MultiProcessIter
 
         self.check_worker_number_rationality()
         return MultiProcessIter(self)
@@ -243,7 +243,7 @@ class DataLoader(Generic[T_co]):
         Mid-epoch: the epoch, base seed, what re-creates the epoch's order and which tasks were
         delivered. Between epochs (or before the first): the start of the next epoch.
         """
-        from . import state
+        from shmloader import state
 
         return state.loader_state(self)
 
@@ -253,7 +253,7 @@ class DataLoader(Generic[T_co]):
         Raises ``shmloader.state.StateError`` (both sides printed) for a state of another version or
         configuration (dataset length, batch size, drop_last, sampler type, ...).
         """
-        from . import state as _state
+        from shmloader import state as _state
 
         _state.load(self, state)
 

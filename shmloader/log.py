@@ -1,7 +1,7 @@
 """The ``shmloader`` logger, and the one switch that sets its level.
 
 Owns: ``logger`` (``logging.getLogger("shmloader")``; modules log through children of it, e.g.
-``logging.getLogger("shmloader.ring")``) and :func:`apply_log_level`. Runs in every process that
+``logging.getLogger("shmloader.transport.ring")``) and :func:`apply_log_level`. Runs in every process that
 imports shmloader. Promises: importing prints nothing (a NullHandler, as libraries should); the
 application's logging configuration is never changed, except that asking for a level more verbose
 than WARNING while the root logger has no handler attaches one stderr handler to ``shmloader``,
@@ -11,7 +11,6 @@ so ``SHMLOADER_LOG_LEVEL=DEBUG`` is seen without code changes.
 from __future__ import annotations
 
 import logging
-
 
 __all__ = ["logger", "apply_log_level", "LOG_FORMAT"]
 
@@ -49,7 +48,9 @@ def _level_number(level: str | int) -> int:
     """A level number; a name is checked by the ``log_level`` option's own parser (one list, one message)."""
     if isinstance(level, int) and not isinstance(level, bool):
         return level
-    from .config_fields import FIELDS_BY_NAME  # config_fields imports nothing of ours but errors
+    from shmloader.config_fields import (
+        FIELDS_BY_NAME,  # config_fields imports nothing of ours but errors
+    )
 
     number = logging.getLevelName(FIELDS_BY_NAME["log_level"].from_argument(level))
     assert isinstance(number, int)

@@ -29,16 +29,17 @@ import time
 import weakref
 from typing import Any
 
-from . import codec, faults
-from .errors import PluginError, rebuild_worker_exception
-from .iterator import BaseIter, IterState
-from .messages import Detach, Failed, Reset, SlotRef, Task
-from .mp_wait import TaskRecord, WaitAndRecover
-from .reorder import Reorder
-from .ring import Slot
-from .segment import page_round
-from .worker_info import task_seed
-from .workers import WorkerHandle, WorkerPool
+from shmloader import faults
+from shmloader.errors import PluginError, rebuild_worker_exception
+from shmloader.iterator import BaseIter, IterState
+from shmloader.mp_wait import TaskRecord, WaitAndRecover
+from shmloader.reorder import Reorder
+from shmloader.transport import codec
+from shmloader.transport.messages import Detach, Failed, Reset, SlotRef, Task
+from shmloader.transport.ring import Slot
+from shmloader.transport.segment import page_round
+from shmloader.worker_info import task_seed
+from shmloader.workers import WorkerHandle, WorkerPool
 
 FIRST_SLOT_BYTES = 1 << 20
 _BROKEN_GRACE_S = 0.1  # how long a failed loader waits for workers to take the stop message

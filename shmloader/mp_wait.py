@@ -13,18 +13,18 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from collections.abc import Callable
 from typing import Any
 
-from . import faults
-from .errors import describe_exit
-from .log import logger
-from .messages import Exhausted, Failed, Filled, Ready, TooSmall
-from .ring import Slot
-from .segment import page_round
-from .workers import WorkerHandle
+from shmloader import faults
+from shmloader.errors import describe_exit
+from shmloader.log import logger
+from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
+from shmloader.transport.ring import Slot
+from shmloader.transport.segment import explain_enospc, page_round
+from shmloader.workers import WorkerHandle
 
 GROWTH = 1.25  # a slot that was too small grows to this multiple of the bytes the batch needed
 
@@ -144,8 +144,6 @@ class WaitAndRecover:
 
     def _regrow(self, w: WorkerHandle, key: tuple[int, int], rec: TaskRecord, needed: int) -> None:
         """The batch did not fit: a larger slot for this task (and every later one), same worker."""
-        from .preflight import explain_enospc
-
         self._slot_bytes = max(self._slot_bytes, page_round(int(needed * GROWTH)))
         try:
             self._loader._preflight(self._ring, self._slot_bytes, self._capacity() + 2)

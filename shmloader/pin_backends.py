@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .cudart import clear_last_error
-from .log import logger
-from .segment import Segment
+from shmloader.cudart import clear_last_error
+from shmloader.log import logger
+from shmloader.transport.segment import Segment
 
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, as torch uses
 

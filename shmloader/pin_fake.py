@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .pin_backends import iter_leaves, map_batch, segment_address
-from .segment import PAGE_BYTES, Segment
+from shmloader.pin_backends import iter_leaves, map_batch, segment_address
+from shmloader.transport.segment import PAGE_BYTES, Segment
 
 
 @dataclass(eq=False)

@@ -32,9 +32,15 @@ import sys
 import warnings
 from typing import Any
 
-from .config import register_variable
-from .errors import ConfigError
-from .pin_backends import CupyBackend, MlockBackend, PinBackend, TorchCudaBackend, Transfer
+from shmloader.config import register_variable
+from shmloader.errors import ConfigError
+from shmloader.pin_backends import (
+    CupyBackend,
+    MlockBackend,
+    PinBackend,
+    TorchCudaBackend,
+    Transfer,
+)
 
 __all__ = [
     "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",
@@ -86,7 +92,7 @@ def make_backend(name: str) -> PinBackend | None:
     if name == "none":
         return None
     if name == "fake":
-        from .pin_fake import FakeBackend
+        from shmloader.pin_fake import FakeBackend
 
         return FakeBackend()
     if name == "mlock":

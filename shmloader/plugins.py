@@ -32,12 +32,12 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .builtin.collate import RegisteredRules
-from .builtin.stats import Stats
-from .config import register_variable
-from .config_fields import bool_switch
-from .errors import PluginError
+from shmloader import hookspecs
+from shmloader.builtin.collate import RegisteredRules
+from shmloader.builtin.stats import Stats
+from shmloader.config import register_variable
+from shmloader.config_fields import bool_switch
+from shmloader.errors import PluginError
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginError", "Plugins", "build_plugin_manager", "worker_collate_rules"]
 
@@ -162,7 +162,7 @@ def _builtin_plugins(manager: Plugins) -> list[tuple[str, Any]]:
     ``shmloader.pinning.BuiltinPinPlugin`` is the plugin whose ``shmloader_pin_backend`` offers
     the built-in torch/cupy backends.
     """
-    from . import pinning  # noqa: PLC0415  (pinning imports no accelerator library at import)
+    from shmloader import pinning  # noqa: PLC0415  (pinning imports no accelerator library at import)
 
     return [("shmloader.builtin.collate", RegisteredRules()),
             ("shmloader.builtin.stats", manager.stats),

@@ -32,8 +32,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import state as _state
-from .pin_backends import Event, Transfer, leaf_to, map_batch
+from shmloader import state as _state
+from shmloader.pin_backends import Event, Transfer, leaf_to, map_batch
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -96,7 +96,7 @@ def transfer_for(source: Any, device: str) -> Transfer:
     if can_transfer and (_is_cuda(device) or getattr(pinner, "name", None) == "fake"):
         return pinner  # type: ignore[no-any-return]
     if _is_cuda(device):
-        from .pin_backends import TorchCudaBackend
+        from shmloader.pin_backends import TorchCudaBackend
 
         return TorchCudaBackend()  # type: ignore[return-value]
     return _SyncTransfer()

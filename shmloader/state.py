@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StateError
+from shmloader.errors import StateError
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
 

@@ -28,12 +28,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import codec, worker_info
-from .alloc import SlotAllocator
-from .collate import SlotFull, collate, default_convert, heap_alloc
-from .fetch import IterableFetcher, MapFetcher
-from .messages import Detach, Exhausted, Failed, Filled, Ready, Reset, SlotRef, Task, TooSmall
-from .segment import Segment
+from shmloader import worker_info
+from shmloader.collate import SlotFull, collate, default_convert, heap_alloc
+from shmloader.fetch import IterableFetcher, MapFetcher
+from shmloader.transport import codec
+from shmloader.transport.alloc import SlotAllocator
+from shmloader.transport.messages import (
+    Detach,
+    Exhausted,
+    Failed,
+    Filled,
+    Ready,
+    Reset,
+    SlotRef,
+    Task,
+    TooSmall,
+)
+from shmloader.transport.segment import Segment
 
 PARENT_CHECK_S = 0.5
 _PENDING_LIMIT = 8
@@ -162,7 +173,7 @@ class _Worker:
         if spec.worker_init_fn is not None:
             spec.worker_init_fn(worker_id)
         if spec.collate_kind == "builtin":  # entry-point plugins load here too (docs/plugins.md)
-            from .plugins import worker_collate_rules
+            from shmloader.plugins import worker_collate_rules
 
             spec.collate_rules = worker_collate_rules(spec.collate_rules)
         self.fetcher = make_fetcher(spec)

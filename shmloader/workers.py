@@ -20,8 +20,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from . import worker_main
-from .log import logger
+from shmloader import worker_main
+from shmloader.log import logger
 
 _JOIN_TIMEOUT_S = 1.0
 _KILL_TIMEOUT_S = 1.0

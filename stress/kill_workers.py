@@ -25,14 +25,13 @@ import argparse
 import os
 import random
 import signal
-import sys
 import tempfile
 import time
 from collections import Counter
 
+import _common as c
 import numpy as np
 
-import _common as c
 from shmloader import DataLoader, faults
 
 EXTERNAL = (signal.SIGKILL, signal.SIGSEGV, signal.SIGSTOP)

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import sys
 import time
 
+import _common as c
 import numpy as np
 
-import _common as c
 from shmloader import DataLoader
 
 MIB = 1 << 20

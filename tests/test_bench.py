@@ -19,7 +19,12 @@ import pytest
 import shmloader
 from shmloader import bench
 from shmloader.bench_report import Measurement, compute_ratios, format_results
-from shmloader.bench_workloads import PAGE_BYTES, WORKLOADS, CachedSampleDataset, touch_batch
+from shmloader.bench_workloads import (
+    PAGE_BYTES,
+    WORKLOADS,
+    CachedSampleDataset,
+    touch_batch,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_MAIN = "import sys, shmloader.bench as b; sys.exit(b.main(sys.argv[1:]))"

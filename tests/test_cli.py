@@ -1,4 +1,4 @@
-"""Tests of ``python -m shmloader`` (config, doctor, bench forwarding) and of shmloader.sweep.
+"""Tests of ``python -m shmloader`` (config, doctor, bench forwarding) and of shmloader.transport.sweep.
 
 The commands run as subprocesses from the repository root with a clean ``SHMLOADER_*``
 environment; doctor runs against a temporary SHMLOADER_SHM_DIR holding fake segment files."""
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from shmloader import __main__ as cli
-from shmloader import sweep
 from shmloader.config_fields import FIELDS
+from shmloader.transport import sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DEAD_PID = 4_194_304 + 7  # above the largest pid_max Linux allows, so never a live process
@@ -88,7 +88,7 @@ def test_no_command_prints_help_and_exits_2() -> None:
 
 @pytest.mark.timeout(60)
 def test_importing_the_cli_modules_does_not_import_torch() -> None:
-    code = ("import sys, shmloader, shmloader.config, shmloader.doctor, shmloader.log, shmloader.sweep, "
+    code = ("import sys, shmloader, shmloader.config, shmloader.doctor, shmloader.log, shmloader.transport.sweep, "
             "shmloader.__main__; assert 'torch' not in sys.modules, 'torch imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50)
     assert result.returncode == 0, result.stderr

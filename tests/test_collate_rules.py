@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from test_collate import RecordingAlloc, in_buffer
 
 from shmloader.collate import (

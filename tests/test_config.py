@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from shmloader.config import Config, ConfigWarning, describe, known_variables, register_variable, resolve_config
+from shmloader.config import (
+    Config,
+    ConfigWarning,
+    describe,
+    known_variables,
+    register_variable,
+    resolve_config,
+)
 from shmloader.config_fields import FIELDS, FIELDS_BY_NAME, env_name, parse_size
 from shmloader.errors import ConfigError
 from shmloader.log import apply_log_level, logger

@@ -36,7 +36,7 @@ import pytest
 import shmloader
 from shmloader import cudart, pin_backends, pinning
 from shmloader.pin_backends import CupyBackend, TorchCudaBackend, segment_address
-from shmloader.segment import PAGE_BYTES, Segment
+from shmloader.transport.segment import PAGE_BYTES, Segment
 
 ROWS, COLS = 64, 8
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from parity_helpers import assert_same_structure
 
 import shmloader
-from parity_helpers import assert_same_structure
 from shmloader.errors import ConfigError
 from shmloader.iterator import IterState
 from shmloader.mp_iterator import MultiProcessIter

@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from engine_datasets import FailsAt, Range, Squares, VarLen, pair_collate
 
 import shmloader
-from engine_datasets import FailsAt, Range, Squares, VarLen, pair_collate
 
 pytestmark = pytest.mark.timeout(90)
 METHODS = ["fork", "spawn"]

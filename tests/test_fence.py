@@ -21,7 +21,7 @@ import pytest
 
 import shmloader
 from shmloader.pin_fake import FakeBackend, FakeEvent
-from shmloader.ring import Ring, SlotState
+from shmloader.transport.ring import Ring, SlotState
 
 PAGE = 4096
 

@@ -7,9 +7,9 @@ import warnings
 
 import numpy as np
 import pytest
+from engine_datasets import Range, Squares
 
 import shmloader
-from engine_datasets import Range, Squares
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402

@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-
 from parity_helpers import assert_same_error, assert_same_structure
+
 from shmloader.collate import collate, default_convert, torch_default_collate
 
 torch = pytest.importorskip("torch")

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from parity_helpers import assert_same_structure
 
 torch = pytest.importorskip("torch")

@@ -27,10 +27,16 @@ import pytest
 import shmloader
 from shmloader import pinning
 from shmloader.errors import ConfigError
-from shmloader.pin_backends import MlockBackend, _cuda_index, iter_leaves, map_batch, segment_address
+from shmloader.pin_backends import (
+    MlockBackend,
+    _cuda_index,
+    iter_leaves,
+    map_batch,
+    segment_address,
+)
 from shmloader.pin_fake import Call, FakeBackend
-from shmloader.ring import Ring
-from shmloader.segment import PAGE_BYTES, Segment
+from shmloader.transport.ring import Ring
+from shmloader.transport.segment import PAGE_BYTES, Segment
 
 ROWS, COLS = 96, 16
 

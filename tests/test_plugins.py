@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import plugin_fixtures as fx
 import pytest
 
 import shmloader
@@ -19,8 +20,6 @@ from shmloader.builtin.stats import Stats
 from shmloader.collate import register_collate_rule, unregister_collate_rule
 from shmloader.hookspecs import hookimpl
 from shmloader.plugins import PluginError, build_plugin_manager
-
-import plugin_fixtures as fx
 
 START_METHODS = ["fork", "spawn"]
 HOOKS = ["shmloader_collate_rules", "shmloader_pin_backend", "shmloader_worker_started", "shmloader_worker_died",

@@ -26,7 +26,7 @@ import shmloader
 from shmloader import pinning
 from shmloader.pin_fake import FakeBackend
 from shmloader.prefetch import DevicePrefetcher, transfer_for
-from shmloader.ring import SlotState
+from shmloader.transport.ring import SlotState
 
 ROWS, COLS = 64, 8
 Pair = namedtuple("Pair", "left right")

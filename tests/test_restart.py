@@ -16,10 +16,10 @@ import re
 import time
 from typing import Any
 
+import fault_datasets as fd
 import numpy as np
 import pytest
 
-import fault_datasets as fd
 from shmloader import DataLoader, PoisonTask, RestartBudgetExceeded, WorkerDied
 
 METHODS = [m for m in ("fork", "spawn") if m in multiprocessing.get_all_start_methods()]

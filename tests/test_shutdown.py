@@ -19,10 +19,10 @@ import textwrap
 import time
 from typing import Any
 
+import fault_datasets as fd
 import psutil
 import pytest
 
-import fault_datasets as fd
 from shmloader import DataLoader
 
 SHM_DIR = "/dev/shm"

@@ -9,14 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from shmloader import codec
-from shmloader.alloc import SlotAllocator
 from shmloader.collate import SlotFull
 from shmloader.errors import DescriptorError, RingExhausted
 from shmloader.reorder import Reorder
-from shmloader.ring import Ring, SlotState
-from shmloader.segment import Segment, owner_pid
-from shmloader.sweep import sweep_dead_segments
+from shmloader.transport import codec
+from shmloader.transport.alloc import SlotAllocator
+from shmloader.transport.ring import Ring, SlotState
+from shmloader.transport.segment import Segment, owner_pid
+from shmloader.transport.sweep import sweep_dead_segments
 
 
 @pytest.fixture

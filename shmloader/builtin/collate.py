@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..collate import registered_collate_rules
-from ..hookspecs import hookimpl
+from shmloader.collate import registered_collate_rules
+from shmloader.hookspecs import hookimpl
 
 
 class RegisteredRules:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ..hookspecs import hookimpl
+from shmloader.hookspecs import hookimpl
 
 
 class Progress:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hookspecs import hookimpl
+from shmloader.hookspecs import hookimpl
 
 LOADING_BOUND_SHARE = 0.10
 """Wait share above which data loading, not the consumer, is called the bottleneck."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch as _torch  # noqa: F401  (this module is the torch flavour)
 
-from ..collate import torch_default_collate as default_collate
-from ..collate import torch_default_convert as default_convert
-from ..loader import DataLoader as _NumpyDataLoader
+from shmloader.collate import torch_default_collate as default_collate
+from shmloader.collate import torch_default_convert as default_convert
+from shmloader.loader import DataLoader as _NumpyDataLoader
 
 
 class DataLoader(_NumpyDataLoader):  # type: ignore[type-arg]

@@ -13,7 +13,7 @@ import mmap
 
 import numpy as np
 
-from .collate import SlotFull
+from shmloader.collate import SlotFull
 
 ALIGN_BYTES = 64
 

@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RingExhausted
-from .log import logger
-from .segment import Segment, page_round
+from shmloader.errors import RingExhausted
+from shmloader.log import logger
+from shmloader.transport.segment import Segment, explain_enospc, page_round
 
 
 class SlotState(enum.Enum):
@@ -229,8 +229,6 @@ class Ring:
 
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int) -> Segment:
-        from .preflight import explain_enospc  # preflight imports this module
-
         with explain_enospc(self.shm_dir, page_round(min_bytes)):
             segment = Segment.create(self.shm_dir, page_round(min_bytes))
         self.created_total += 1

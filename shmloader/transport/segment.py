@@ -18,10 +18,15 @@ attach. Promises:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import mmap
 import os
 import secrets
+from collections.abc import Iterator
+
+from shmloader.errors import ShmSpaceError
 
 PREFIX = "shml_"
 DEFAULT_SHM_DIR = "/dev/shm"
@@ -128,6 +133,45 @@ class Segment:
             return True
         except BufferError:
             return False
+
+
+# -- out of space: one wording, whether found up front (preflight) or at creation -----------------
+def shm_free_bytes(shm_dir: str) -> int | None:
+    """Bytes free in ``shm_dir`` (None when it cannot be read)."""
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+_REMEDIES = ("Remedies: give the container more shared memory (Docker: --shm-size), use fewer workers or a "
+             "smaller prefetch_factor, or point SHMLOADER_SHM_DIR (shm_dir=) at a directory with room "
+             "(segments there are file-backed).")
+
+
+def space_error(directory: str, needed_bytes: int, free_bytes: int, what: str) -> ShmSpaceError:
+    """The one wording of "the ring does not fit": what was asked, bytes needed and free, remedies."""
+    return ShmSpaceError(
+        f"{what} needs {needed_bytes} more bytes but {directory} has only {free_bytes} bytes free. {_REMEDIES}",
+        needed_bytes=needed_bytes, free_bytes=free_bytes, directory=directory,
+    )
+
+
+@contextlib.contextmanager
+def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
+    """Turn running out of space while creating a ``nbytes`` segment into a ShmSpaceError.
+
+    Use around ``Segment.create``; any other OSError passes through unchanged.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+            raise
+        free = shm_free_bytes(shm_dir)
+        raise space_error(shm_dir, nbytes, -1 if free is None else free,
+                          f"a new shared-memory segment of {nbytes} bytes ({exc.strerror})") from exc
 
 
 def _register(name: str) -> None:

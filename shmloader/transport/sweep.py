@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from .segment import PREFIX, owner_pid
+from shmloader.transport.segment import DEFAULT_SHM_DIR, PREFIX, owner_pid
 
 __all__ = ["PREFIX", "Leftover", "owner_of", "dead_segments", "sweep_dead_segments", "leftovers"]
 
@@ -52,7 +52,7 @@ def _alive(pid: int) -> bool:
         return True  # cannot tell (e.g. access denied): assume alive, never remove a live segment
 
 
-def leftovers(shm_dir: str = "/dev/shm") -> list[Leftover]:
+def leftovers(shm_dir: str = DEFAULT_SHM_DIR) -> list[Leftover]:
     """Every segment file of ours in ``shm_dir`` owned by this user, sorted by name."""
     try:
         names = os.listdir(shm_dir)
@@ -73,12 +73,12 @@ def leftovers(shm_dir: str = "/dev/shm") -> list[Leftover]:
     return found
 
 
-def dead_segments(shm_dir: str = "/dev/shm") -> list[str]:
+def dead_segments(shm_dir: str = DEFAULT_SHM_DIR) -> list[str]:
     """Names of our segment files in ``shm_dir`` whose owner process is not alive."""
     return [item.name for item in leftovers(shm_dir) if not item.owner_alive]
 
 
-def sweep_dead_segments(shm_dir: str = "/dev/shm") -> list[str]:
+def sweep_dead_segments(shm_dir: str = DEFAULT_SHM_DIR) -> list[str]:
     """Remove the segments of dead owners; returns the names this call actually removed."""
     removed = []
     for name in dead_segments(shm_dir):

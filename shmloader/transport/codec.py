@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .alloc import SlotAllocator, align_up
-from .errors import DescriptorError
+from shmloader.errors import DescriptorError
+from shmloader.transport.alloc import SlotAllocator, align_up
 
 PROTOCOL = 5
 

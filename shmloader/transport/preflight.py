@@ -1,0 +1,37 @@
+"""Pre-flight: will the ring fit in the shared-memory directory?
+
+Runs in the main process before a ring is created or its slots grow. Promises a clear
+``ShmSpaceError`` (bytes needed, bytes free, remedies) instead of a worker's SIGBUS later, up
+front, by comparing the ring's size with the directory's free space. The same error at creation
+time (a full directory while a segment reserves its pages) is the segment's own:
+``segment.explain_enospc``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shmloader.transport import segment
+
+if TYPE_CHECKING:
+    from shmloader.transport.ring import Ring
+
+__all__ = ["check_ring_fits"]
+
+def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int, prefetch_factor: int) -> None:
+    """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit beside what the ring holds.
+
+    A slot already that large is reused; every other one needs a new segment, and the segment it
+    replaces frees its pages only once no process maps it (workers unmap it when told), so its
+    bytes are not counted as coming back.
+    """
+    free = segment.shm_free_bytes(ring.shm_dir)
+    if free is None:
+        return
+    reused = min(slots, sum(1 for s in ring.slots if s.size_bytes >= slot_bytes))
+    needed = (slots - reused) * slot_bytes
+    if needed <= free:
+        return
+    raise segment.space_error(ring.shm_dir, needed, free,
+                      f"the slot ring ({slots} slots of {slot_bytes} bytes: num_workers={num_workers} x "
+                      f"prefetch_factor={prefetch_factor} + 2 held by the consumer)")
