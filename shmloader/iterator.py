@@ -24,8 +24,8 @@ from typing import Any
 from shmloader import state as _state
 from shmloader._generators import draw_base_seed
 from shmloader.errors import PluginError
+from shmloader.worker.main import make_fetcher, run_collate
 from shmloader.worker_info import generate_state, task_seed
-from shmloader.worker_main import make_fetcher, run_collate
 
 
 class IterState(enum.Enum):

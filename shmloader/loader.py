@@ -36,7 +36,7 @@ from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialS
 from shmloader.transport.preflight import check_ring_fits
 from shmloader.transport.ring import Ring
 from shmloader.transport.sweep import sweep_dead_segments
-from shmloader.worker_main import WorkerSpec
+from shmloader.worker.main import WorkerSpec
 
 T_co = TypeVar("T_co", covariant=True)
 

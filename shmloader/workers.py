@@ -20,8 +20,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from shmloader import worker_main
 from shmloader.log import logger
+from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
 _KILL_TIMEOUT_S = 1.0

@@ -30,7 +30,6 @@ import numpy as np
 
 from shmloader import worker_info
 from shmloader.collate import SlotFull, collate, default_convert, heap_alloc
-from shmloader.fetch import IterableFetcher, MapFetcher
 from shmloader.transport import codec
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
@@ -45,6 +44,7 @@ from shmloader.transport.messages import (
     TooSmall,
 )
 from shmloader.transport.segment import Segment
+from shmloader.worker.fetch import IterableFetcher, MapFetcher
 
 PARENT_CHECK_S = 0.5
 _PENDING_LIMIT = 8
