@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from shmloader.collate import CollateRule
+    from shmloader.collate.context import CollateRule
     from shmloader.pinning import PinBackend
 
 PROJECT = "shmloader"

@@ -13,7 +13,7 @@ import mmap
 
 import numpy as np
 
-from shmloader.collate import SlotFull
+from shmloader.collate.context import SlotFull
 
 ALIGN_BYTES = 64
 

@@ -29,7 +29,8 @@ from typing import Any, Callable
 import numpy as np
 
 from shmloader import worker_info
-from shmloader.collate import SlotFull, collate, default_convert, heap_alloc
+from shmloader.collate import collate, default_convert
+from shmloader.collate.context import SlotFull, heap_alloc
 from shmloader.transport import codec
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (

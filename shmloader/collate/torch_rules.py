@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shmloader.collate_rules import (
+from shmloader.collate.context import Alloc, CollateContext
+from shmloader.collate.rules import (
     _PY_NUMBERS,
     check_array_dtype,
     raise_shape_error,
@@ -39,7 +40,6 @@ from shmloader.collate_rules import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from shmloader.collate import Alloc, CollateContext
 
 __all__ = [
     "collate_arrays",

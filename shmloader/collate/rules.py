@@ -2,7 +2,7 @@
 
 Owns how each built-in sample type becomes a batch in numpy mode (numpy in, numpy out), how
 containers (mappings, namedtuples, sequences) are rebuilt in both modes, and the errors collation
-raises. Torch tensors and torch mode's numbers and arrays live in :mod:`shmloader.collate_torch`,
+raises. Torch tensors and torch mode's numbers and arrays live in :mod:`shmloader.collate.torch_rules`,
 which builds on this module; this module never imports torch. Runs wherever a batch is collated:
 a worker process, or the main process when ``num_workers=0``.
 
@@ -24,12 +24,11 @@ import copy
 import re
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from shmloader.collate import CollateContext
+from shmloader.collate.context import CollateContext
 
 __all__ = [
     "CollateShapeError",

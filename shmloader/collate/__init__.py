@@ -21,22 +21,30 @@ Promises:
 - errors name the field (``batch['image'][0]``) and keep torch's type and wording;
 - importing this module does not import torch.
 
-Sample-type semantics are in :mod:`shmloader.collate_rules` (numpy mode and containers) and
-:mod:`shmloader.collate_torch` (tensors and torch mode).
+Sample-type semantics are in :mod:`shmloader.collate.rules` (numpy mode and containers) and
+:mod:`shmloader.collate.torch_rules` (tensors and torch mode); the types they share are in
+:mod:`shmloader.collate.context`.
 """
 
 from __future__ import annotations
 
 import collections.abc as abc
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from shmloader import collate_rules as _rules
-from shmloader import collate_torch as _torch_rules
-from shmloader.collate_rules import (
+from shmloader.collate import rules as _rules
+from shmloader.collate import torch_rules as _torch_rules
+from shmloader.collate.context import (
+    Alloc,
+    CollateContext,
+    CollateRule,
+    SlotFull,
+    heap_alloc,
+)
+from shmloader.collate.rules import (
     _STR_OBJ_DTYPE,
     CollateShapeError,
     rebuild_mapping,
@@ -59,65 +67,6 @@ __all__ = [
     "torch_default_convert",
     "unregister_collate_rule",
 ]
-
-Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
-"""``alloc(shape, dtype)``: a writable, C-contiguous, uninitialised array; may raise SlotFull."""
-
-
-class SlotFull(Exception):
-    """Raised by an allocator when the batch does not fit the memory it may hand out.
-
-    Defined here so collation stays engine-agnostic; collate never catches it. Attribute
-    ``needed_bytes``: the size of the refused request, when the allocator knows it.
-    """
-
-    def __init__(self, *args: object, needed_bytes: int | None = None) -> None:
-        super().__init__(*args)
-        self.needed_bytes = needed_bytes
-
-
-def heap_alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """The default allocator: ordinary process memory (``np.empty``)."""
-    return np.empty(shape, dtype)
-
-
-class CollateRule(Protocol):
-    """How one sample type becomes a batch: ``rule(batch, ctx) -> collated``.
-
-    ``batch`` holds the samples of one field (one per batch entry; the first is of the rule's
-    type). Write output arrays through ``ctx.alloc``; collate nested fields with
-    ``ctx.collate(sub_batch, where)`` so their rules apply and errors name the field.
-    """
-
-    def __call__(self, batch: Sequence[Any], ctx: CollateContext) -> Any: ...
-
-
-class CollateContext:
-    """What a rule may use: ``alloc``, ``to_torch``, ``rules``, ``path`` and :meth:`collate`."""
-
-    __slots__ = ("alloc", "to_torch", "rules", "_segments")
-
-    def __init__(self, alloc: Alloc, to_torch: bool, rules: Mapping[Any, CollateRule] | None):
-        self.alloc = alloc
-        self.to_torch = to_torch
-        self.rules = rules
-        self._segments: list[str] = []
-
-    @property
-    def path(self) -> str:
-        """The field being collated, as an expression on the batch: ``batch['image'][0]``."""
-        return "batch" + "".join(self._segments)
-
-    def collate(self, batch: Sequence[Any], where: str = "") -> Any:
-        """Collate a nested field; ``where`` extends the path: ``"['image']"``, ``"[0]"``, ``".x"``."""
-        if not where:
-            return find_rule(type(batch[0]), self.rules, self.to_torch)(batch, self)
-        self._segments.append(where)
-        try:
-            return find_rule(type(batch[0]), self.rules, self.to_torch)(batch, self)
-        finally:
-            self._segments.pop()
-
 
 # ------------------------------------------------------------------------ rules and lookup
 
@@ -244,7 +193,7 @@ def collate(
     """Collate a list of samples into one batch, asking ``alloc`` for every output array."""
     if to_torch:
         _torch_rules._torch()  # torch mode makes tensors; imported only now, not with shmloader
-    ctx = CollateContext(alloc, to_torch, rules)
+    ctx = CollateContext(alloc, to_torch, rules, find_rule)
     return find_rule(type(batch[0]), rules, to_torch)(batch, ctx)
 
 

@@ -1,0 +1,79 @@
+"""The collate context: what a collate rule is given, and the allocator contract.
+
+Owns the types every rule module shares (``Alloc``, ``SlotFull``, ``CollateRule``,
+``CollateContext``) so that ``shmloader.collate`` (the lookup), ``collate.rules`` (numpy rules)
+and ``collate.torch_rules`` (tensor rules) import it and not each other. Runs wherever a batch is
+collated (workers; the main process with ``num_workers=0``). Imports nothing of torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["Alloc", "CollateContext", "CollateRule", "FindRule", "SlotFull", "heap_alloc"]
+
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""``alloc(shape, dtype)``: a writable, C-contiguous, uninitialised array; may raise SlotFull."""
+
+
+class SlotFull(Exception):
+    """Raised by an allocator when the batch does not fit the memory it may hand out.
+
+    Defined here so collation stays engine-agnostic; collate never catches it. Attribute
+    ``needed_bytes``: the size of the refused request, when the allocator knows it.
+    """
+
+    def __init__(self, *args: object, needed_bytes: int | None = None) -> None:
+        super().__init__(*args)
+        self.needed_bytes = needed_bytes
+
+
+def heap_alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The default allocator: ordinary process memory (``np.empty``)."""
+    return np.empty(shape, dtype)
+
+
+class CollateRule(Protocol):
+    """How one sample type becomes a batch: ``rule(batch, ctx) -> collated``.
+
+    ``batch`` holds the samples of one field (one per batch entry; the first is of the rule's
+    type). Write output arrays through ``ctx.alloc``; collate nested fields with
+    ``ctx.collate(sub_batch, where)`` so their rules apply and errors name the field.
+    """
+
+    def __call__(self, batch: Sequence[Any], ctx: CollateContext) -> Any: ...
+
+
+FindRule = Callable[[type, "Mapping[Any, CollateRule] | None", bool], CollateRule]
+"""``find(sample_type, rules, to_torch)``: the rule for a sample type."""
+
+
+class CollateContext:
+    """What a rule may use: ``alloc``, ``to_torch``, ``rules``, ``path`` and :meth:`collate`."""
+
+    __slots__ = ("alloc", "to_torch", "rules", "_segments", "_find")
+
+    def __init__(self, alloc: Alloc, to_torch: bool, rules: Mapping[Any, CollateRule] | None, find: FindRule):
+        self.alloc = alloc
+        self.to_torch = to_torch
+        self.rules = rules
+        self._segments: list[str] = []
+        self._find = find  # the rule lookup (shmloader.collate.find_rule), passed in: no import cycle
+
+    @property
+    def path(self) -> str:
+        """The field being collated, as an expression on the batch: ``batch['image'][0]``."""
+        return "batch" + "".join(self._segments)
+
+    def collate(self, batch: Sequence[Any], where: str = "") -> Any:
+        """Collate a nested field; ``where`` extends the path: ``"['image']"``, ``"[0]"``, ``".x"``."""
+        if not where:
+            return self._find(type(batch[0]), self.rules, self.to_torch)(batch, self)
+        self._segments.append(where)
+        try:
+            return self._find(type(batch[0]), self.rules, self.to_torch)(batch, self)
+        finally:
+            self._segments.pop()
