@@ -32,9 +32,9 @@ from shmloader.errors import (
     WorkerHung,
     WorkerTimeout,
 )
+from shmloader.gpu.prefetch import to_device
 from shmloader.hookspecs import hookimpl
 from shmloader.loader import DataLoader
-from shmloader.prefetch import to_device
 from shmloader.samplers import (
     BatchSampler,
     DistributedSampler,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.bench_report import Bandwidth
-from shmloader.pin_backends import iter_leaves
+from shmloader.gpu.backends import iter_leaves
 
 __all__ = [
     "Field",

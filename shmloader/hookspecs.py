@@ -31,7 +31,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from shmloader.collate.context import CollateRule
-    from shmloader.pinning import PinBackend
+    from shmloader.gpu.pinning import PinBackend
 
 PROJECT = "shmloader"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -79,7 +79,7 @@ def shmloader_pin_backend(device: str) -> PinBackend | None:  # type: ignore[emp
     multi-process iterator makes its ring. ``device`` is the accelerator asked for
     (``pin_memory_device``; ``""`` means the current accelerator). First result wins: the first
     implementation that returns an object stops the call. The built-in backends are built-in
-    plugins (``shmloader.pinning.BuiltinPinPlugin``), registered first, so every other plugin is
+    plugins (``shmloader.gpu.pinning.BuiltinPinPlugin``), registered first, so every other plugin is
     asked before them.
 
     The backend has ``register_segment(segment)`` (called once per segment the ring creates; pin

@@ -25,10 +25,10 @@ from typing import Any, Generic, TypeVar
 
 from shmloader import collate as _collate
 from shmloader import loader_checks as checks
-from shmloader import pinning
 from shmloader.config import resolve_config
 from shmloader.datasets import is_iterable_dataset
 from shmloader.events import Events
+from shmloader.gpu import pinning
 from shmloader.iterator import BaseIter, SingleProcessIter
 from shmloader.log import apply_log_level
 from shmloader.plugins import build_plugin_manager

@@ -159,10 +159,10 @@ def build_plugin_manager(plugins: Iterable[Any] | None = None, *, entry_points: 
 def _builtin_plugins(manager: Plugins) -> list[tuple[str, Any]]:
     """The built-ins, registered first: the collate registry, stats, and the pin backends.
 
-    ``shmloader.pinning.BuiltinPinPlugin`` is the plugin whose ``shmloader_pin_backend`` offers
+    ``shmloader.gpu.pinning.BuiltinPinPlugin`` is the plugin whose ``shmloader_pin_backend`` offers
     the built-in torch/cupy backends.
     """
-    from shmloader import pinning  # noqa: PLC0415  (pinning imports no accelerator library at import)
+    from shmloader.gpu import pinning  # noqa: PLC0415  (pinning imports no accelerator library at import)
 
     return [("shmloader.builtin.collate", RegisteredRules()),
             ("shmloader.builtin.stats", manager.stats),

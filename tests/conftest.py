@@ -89,8 +89,8 @@ def no_leak_in_session():
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch):
     """The loader's pin backend is the fake one (SHMLOADER_PIN_BACKEND=fake); returns that backend."""
-    from shmloader import pinning
-    from shmloader.pin_fake import FakeBackend
+    from shmloader.gpu import pinning
+    from shmloader.gpu.fake import FakeBackend
 
     backend = FakeBackend()
     make_backend = pinning.make_backend

@@ -34,8 +34,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import cudart, pin_backends, pinning
-from shmloader.pin_backends import CupyBackend, TorchCudaBackend, segment_address
+from shmloader.gpu import backends as pin_backends
+from shmloader.gpu import cudart, pinning
+from shmloader.gpu.backends import CupyBackend, TorchCudaBackend, segment_address
 from shmloader.transport.segment import PAGE_BYTES, Segment
 
 ROWS, COLS = 64, 8

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader.pin_fake import FakeBackend, FakeEvent
+from shmloader.gpu.fake import FakeBackend, FakeEvent
 from shmloader.transport.ring import Ring, SlotState
 
 PAGE = 4096

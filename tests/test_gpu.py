@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 import shmloader  # noqa: E402
 import shmloader.torch  # noqa: E402
-from shmloader import pinning  # noqa: E402
-from shmloader.pin_backends import TorchCudaBackend  # noqa: E402
+from shmloader.gpu import pinning  # noqa: E402
+from shmloader.gpu.backends import TorchCudaBackend  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

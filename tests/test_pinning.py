@@ -25,16 +25,16 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import pinning
 from shmloader.errors import ConfigError
-from shmloader.pin_backends import (
+from shmloader.gpu import pinning
+from shmloader.gpu.backends import (
     MlockBackend,
     _cuda_index,
     iter_leaves,
     map_batch,
     segment_address,
 )
-from shmloader.pin_fake import Call, FakeBackend
+from shmloader.gpu.fake import Call, FakeBackend
 from shmloader.transport.ring import Ring
 from shmloader.transport.segment import PAGE_BYTES, Segment
 

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import pinning
-from shmloader.pin_fake import FakeBackend
-from shmloader.prefetch import DevicePrefetcher, transfer_for
+from shmloader.gpu import pinning
+from shmloader.gpu.fake import FakeBackend
+from shmloader.gpu.prefetch import DevicePrefetcher, transfer_for
 from shmloader.transport.ring import SlotState
 
 ROWS, COLS = 64, 8
@@ -267,7 +267,7 @@ def test_importing_shmloader_imports_neither_torch_nor_cupy() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, shmloader, shmloader.prefetch, shmloader.pinning, shmloader.pin_fake; "
+    code = ("import sys, shmloader, shmloader.gpu.prefetch, shmloader.gpu.pinning, shmloader.gpu.fake; "
             "print('torch' in sys.modules, 'cupy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]

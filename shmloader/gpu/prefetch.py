@@ -13,7 +13,7 @@ when more than ``max_held`` copies are unfinished, or at the end of an epoch / w
 stops early).
 
 Runs in the main process, in the caller's thread. The stream and event work goes through a
-:class:`~shmloader.pin_backends.Transfer`: for a CUDA device, the loader's pin backend when it is
+:class:`~shmloader.gpu.backends.Transfer`: for a CUDA device, the loader's pin backend when it is
 one (torch, cupy) else torch's CUDA transfer; the fake backend (which drives all of this on a CPU
 in CI) for any device; else a plain synchronous ``.to(device)`` (e.g. "cpu", whatever the backend).
 Nested dicts, lists, tuples and namedtuples are moved whole; numpy arrays become tensors
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shmloader import state as _state
-from shmloader.pin_backends import Event, Transfer, leaf_to, map_batch
+from shmloader.gpu.backends import Event, Transfer, leaf_to, map_batch
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -96,7 +96,7 @@ def transfer_for(source: Any, device: str) -> Transfer:
     if can_transfer and (_is_cuda(device) or getattr(pinner, "name", None) == "fake"):
         return pinner  # type: ignore[no-any-return]
     if _is_cuda(device):
-        from shmloader.pin_backends import TorchCudaBackend
+        from shmloader.gpu.backends import TorchCudaBackend
 
         return TorchCudaBackend()  # type: ignore[return-value]
     return _SyncTransfer()

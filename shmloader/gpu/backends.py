@@ -9,13 +9,13 @@ implementations:
   hands that slot to a worker only once it has completed, so a ``.to(device, non_blocking=True)``
   the caller enqueued never reads bytes a worker is rewriting; torch's own pinned buffers get the
   same guarantee from its caching host allocator).
-- :class:`Transfer` — what the device prefetcher (``shmloader.prefetch``) needs: a side stream,
+- :class:`Transfer` — what the device prefetcher (``shmloader.gpu.prefetch``) needs: a side stream,
   an asynchronous copy of a whole batch that returns an event, and "make the caller's stream
   wait on that event". Events answer ``query()`` and ``synchronize()``.
 
 :class:`TorchCudaBackend` (``cudaHostRegister`` through torch's CUDA runtime bindings) and
 :class:`CupyBackend` (``cupy.cuda.runtime.hostRegister``) implement both; :class:`MlockBackend`
-(best-effort ``mlock`` without a GPU) only pins. The fake backend for CI is in ``pin_fake``.
+(best-effort ``mlock`` without a GPU) only pins. The fake backend for CI is in ``gpu.fake``.
 
 Runs in the main process only: a CUDA context belongs to one process, so workers never pin.
 Promises: each segment is registered at most once and unregistered at most once, and only what
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shmloader.cudart import clear_last_error
+from shmloader.gpu.cudart import clear_last_error
 from shmloader.log import logger
 from shmloader.transport.segment import Segment
 

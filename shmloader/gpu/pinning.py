@@ -4,7 +4,7 @@ Owns the selection of a pin backend for a loader (:func:`select`, :func:`backend
 built-in answer to the ``shmloader_pin_backend`` hook (:func:`builtin_pin_backend` and
 :class:`BuiltinPinPlugin`, which the plugin manager registers like any plugin), the
 ``SHMLOADER_PIN_BACKEND`` variable, and torch's "no accelerator" warning. The backends themselves
-live in ``pin_backends`` (torch, cupy, mlock) and ``pin_fake`` (CI).
+live in ``gpu.backends`` (torch, cupy, mlock) and ``gpu.fake`` (CI).
 
 Runs in the main process only. Promises:
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from shmloader.config import register_variable
 from shmloader.errors import ConfigError
-from shmloader.pin_backends import (
+from shmloader.gpu.backends import (
     CupyBackend,
     MlockBackend,
     PinBackend,
@@ -92,7 +92,7 @@ def make_backend(name: str) -> PinBackend | None:
     if name == "none":
         return None
     if name == "fake":
-        from shmloader.pin_fake import FakeBackend
+        from shmloader.gpu.fake import FakeBackend
 
         return FakeBackend()
     if name == "mlock":

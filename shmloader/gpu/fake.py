@@ -1,7 +1,7 @@
 """The fake pin backend: the hardware path of the GPU handoff, run on a CPU in CI.
 
-Owns :class:`FakeBackend`, which implements both :class:`~shmloader.pin_backends.PinBackend` and
-:class:`~shmloader.pin_backends.Transfer` (as httpx's mock transport stands in for the network):
+Owns :class:`FakeBackend`, which implements both :class:`~shmloader.gpu.backends.PinBackend` and
+:class:`~shmloader.gpu.backends.Transfer` (as httpx's mock transport stands in for the network):
 it records every call in order, with the process that made it and whether the segment was still
 mapped, and hands out :class:`FakeEvent` objects that complete only when told to (or at once, with
 ``auto_complete``). Its "device copy" clones every array, so a moved batch shares no memory with
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.pin_backends import iter_leaves, map_batch, segment_address
+from shmloader.gpu.backends import iter_leaves, map_batch, segment_address
 from shmloader.transport.segment import PAGE_BYTES, Segment
 
 
