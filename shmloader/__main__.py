@@ -3,8 +3,8 @@
 Owns: the command line (argument parsing, output, exit codes). Runs in its own process. Promises:
 ``config`` prints each option's effective value, its source (argument, environment, default) and
 its variable, or JSON with ``--json``; ``doctor`` prints findings with remedies and exits 1 when
-one is a problem (see :mod:`shmloader.doctor`); ``bench`` hands the rest of the command line to
-``shmloader.bench.main``. A bad ``SHMLOADER_*`` value exits 2 with the error's message. torch is
+one is a problem (see :mod:`shmloader.cli.doctor`); ``bench`` hands the rest of the command line to
+``shmloader.cli.bench.main``. A bad ``SHMLOADER_*`` value exits 2 with the error's message. torch is
 imported only by ``doctor`` (to report it) and by whatever ``bench`` needs.
 """
 
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shmloader import doctor
+from shmloader.cli import doctor
 from shmloader.config import describe, resolve_config
 from shmloader.errors import ConfigError
 
@@ -60,11 +60,11 @@ def _print_config(as_json: bool) -> int:
 
 def _bench(argv: Sequence[str]) -> int:
     try:
-        bench = importlib.import_module("shmloader.bench")
+        bench = importlib.import_module("shmloader.cli.bench")
     except ModuleNotFoundError as exc:
-        if exc.name != "shmloader.bench":
+        if exc.name != "shmloader.cli.bench":
             raise
-        print(f"{_PROG} bench: shmloader.bench is not available in this installation", file=sys.stderr)
+        print(f"{_PROG} bench: shmloader.cli.bench is not available in this installation", file=sys.stderr)
         return 2
     return int(bench.main(list(argv)) or 0)
 

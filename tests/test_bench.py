@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import bench
-from shmloader.bench_report import Measurement, compute_ratios, format_results
-from shmloader.bench_workloads import (
+from shmloader.cli import bench
+from shmloader.cli.report import Measurement, compute_ratios, format_results
+from shmloader.cli.workloads import (
     PAGE_BYTES,
     WORKLOADS,
     CachedSampleDataset,
@@ -27,7 +27,7 @@ from shmloader.bench_workloads import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RUN_MAIN = "import sys, shmloader.bench as b; sys.exit(b.main(sys.argv[1:]))"
+RUN_MAIN = "import sys, shmloader.cli.bench as b; sys.exit(b.main(sys.argv[1:]))"
 HAS_SHMLOADER_LOADER = hasattr(shmloader, "DataLoader")
 RESULT_FIELDS = {
     "workload", "num_workers", "loader", "batch_size", "batch_bytes", "batches", "seconds",
@@ -223,7 +223,7 @@ def test_a_failing_loader_is_reported_and_the_run_goes_on(
 
 
 def test_importing_the_benchmark_does_not_import_torch() -> None:
-    code = "import sys, shmloader.bench; print('torch' in sys.modules)"
+    code = "import sys, shmloader.cli.bench; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert proc.stdout.strip() == "False", proc.stderr

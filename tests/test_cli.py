@@ -88,7 +88,7 @@ def test_no_command_prints_help_and_exits_2() -> None:
 
 @pytest.mark.timeout(60)
 def test_importing_the_cli_modules_does_not_import_torch() -> None:
-    code = ("import sys, shmloader, shmloader.config, shmloader.doctor, shmloader.log, shmloader.transport.sweep, "
+    code = ("import sys, shmloader, shmloader.config, shmloader.cli.doctor, shmloader.log, shmloader.transport.sweep, "
             "shmloader.__main__; assert 'torch' not in sys.modules, 'torch imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50)
     assert result.returncode == 0, result.stderr
@@ -151,9 +151,9 @@ def test_doctor_rejects_a_bad_size_option() -> None:
 
 def test_bench_forwards_the_rest_of_the_command_line(monkeypatch) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("shmloader.bench")
+    fake = types.ModuleType("shmloader.cli.bench")
     fake.main = lambda argv: seen.append(argv) or 5  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "shmloader.bench", fake)
+    monkeypatch.setitem(sys.modules, "shmloader.cli.bench", fake)
     assert cli.main(["bench", "--workers", "2", "--help"]) == 5
     assert seen == [["--workers", "2", "--help"]]
 

@@ -4,7 +4,7 @@ Owns the benchmark's command line and its measurement loop. Runs in one main pro
 builds each loader, times it, and releases it before the next, so no worker process or shared
 memory segment outlives its measurement.
 
-For every workload (see :mod:`shmloader.bench_workloads`) and every ``num_workers``, each loader
+For every workload (see :mod:`shmloader.cli.workloads`) and every ``num_workers``, each loader
 reads the same dataset type with the same batch size, ``shuffle=False``, and, with workers,
 ``persistent_workers=True`` and the chosen start method. One measurement is one epoch:
 
@@ -12,7 +12,7 @@ reads the same dataset type with the same batch size, ``shuffle=False``, and, wi
 - *warm-up*: the first batch plus ``--warmup - 1`` more, untimed;
 - *timed*: ``--batches`` batches, each touched on every page (:func:`touch_batch`).
 
-The report (:mod:`shmloader.bench_report`) gives batches/s, GB/s, time to first batch, and the
+The report (:mod:`shmloader.cli.report`) gives batches/s, GB/s, time to first batch, and the
 ratio shmloader/torch. With ``--device cuda`` batches are moved to the GPU as a training loop
 would, and a table of host-to-device copy bandwidth by source buffer is added.
 
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from shmloader.bench_report import (
+from shmloader.cli.report import (
     Bandwidth,
     Measurement,
     Progress,
@@ -42,7 +42,7 @@ from shmloader.bench_report import (
     to_json_document,
     write_plot,
 )
-from shmloader.bench_workloads import (
+from shmloader.cli.workloads import (
     WORKLOADS,
     Workload,
     deliver,
