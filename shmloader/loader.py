@@ -27,9 +27,9 @@ from shmloader import collate as _collate
 from shmloader import loader_checks as checks
 from shmloader.config import resolve_config
 from shmloader.datasets import is_iterable_dataset
+from shmloader.engine.iterator import BaseIter, SingleProcessIter
 from shmloader.events import Events
 from shmloader.gpu import pinning
-from shmloader.iterator import BaseIter, SingleProcessIter
 from shmloader.log import apply_log_level
 from shmloader.plugins import build_plugin_manager
 from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -206,7 +206,7 @@ class DataLoader(Generic[T_co]):
         self._warn_pinning()
         if self.num_workers == 0:
             return SingleProcessIter(self)
-        from shmloader.mp_iterator import MultiProcessIter
+        from shmloader.engine.mp_iterator import MultiProcessIter
 
         self.check_worker_number_rationality()
         return MultiProcessIter(self)

@@ -32,7 +32,8 @@ from collections import Counter
 import _common as c
 import numpy as np
 
-from shmloader import DataLoader, faults
+from shmloader import DataLoader
+from shmloader.engine import faults
 
 EXTERNAL = (signal.SIGKILL, signal.SIGSEGV, signal.SIGSTOP)
 EXTERNAL_WEIGHTS = (0.5, 0.35, 0.15)  # a SIGSTOP costs a whole task deadline: fewer of those

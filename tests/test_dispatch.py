@@ -1,4 +1,4 @@
-"""Which worker runs which task (the ``dispatch`` option, shmloader/mp_iterator.py).
+"""Which worker runs which task (the ``dispatch`` option, shmloader/engine/mp_iterator.py).
 
 ``round_robin`` (the default) is torch's assignment: task t of an epoch goes to worker
 t % num_workers, so a dataset that draws random numbers in ``__getitem__`` gives exactly torch's
@@ -21,9 +21,9 @@ import pytest
 from parity_helpers import assert_same_structure
 
 import shmloader
+from shmloader.engine.iterator import IterState
+from shmloader.engine.mp_iterator import MultiProcessIter
 from shmloader.errors import ConfigError
-from shmloader.iterator import IterState
-from shmloader.mp_iterator import MultiProcessIter
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -32,8 +32,8 @@ from shmloader import (
     WorkerDied,
     WorkerHung,
     WorkerTimeout,
-    faults,
 )
+from shmloader.engine import faults
 from shmloader.errors import describe_exit, format_indices
 from shmloader.transport import segment
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shmloader.collate import SlotFull
+from shmloader.engine.reorder import Reorder
 from shmloader.errors import DescriptorError, RingExhausted
-from shmloader.reorder import Reorder
 from shmloader.transport import codec
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.ring import Ring, SlotState

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
-from shmloader import faults
+from shmloader.engine import faults
+from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
 from shmloader.log import logger
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.ring import Slot
 from shmloader.transport.segment import explain_enospc, page_round
-from shmloader.workers import WorkerHandle
 
 GROWTH = 1.25  # a slot that was too small grows to this multiple of the bytes the batch needed
 

@@ -29,17 +29,17 @@ import time
 import weakref
 from typing import Any
 
-from shmloader import faults
+from shmloader.engine import faults
+from shmloader.engine.iterator import BaseIter, IterState
+from shmloader.engine.reorder import Reorder
+from shmloader.engine.wait import TaskRecord, WaitAndRecover
+from shmloader.engine.workers import WorkerHandle, WorkerPool
 from shmloader.errors import PluginError, rebuild_worker_exception
-from shmloader.iterator import BaseIter, IterState
-from shmloader.mp_wait import TaskRecord, WaitAndRecover
-from shmloader.reorder import Reorder
 from shmloader.transport import codec
 from shmloader.transport.messages import Detach, Failed, Reset, SlotRef, Task
 from shmloader.transport.ring import Slot
 from shmloader.transport.segment import page_round
 from shmloader.worker_info import task_seed
-from shmloader.workers import WorkerHandle, WorkerPool
 
 FIRST_SLOT_BYTES = 1 << 20
 _BROKEN_GRACE_S = 0.1  # how long a failed loader waits for workers to take the stop message

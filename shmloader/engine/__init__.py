@@ -1,0 +1,8 @@
+"""The engine: the iterators the loader hands out and everything they run in the main process.
+
+``plan`` (what an iterator is given, frozen), ``dispatch`` (which worker runs the next task),
+``ledger`` (the one owner of every task's slot), ``reorder`` (which finished task is due),
+``faults`` (what a death, hang or timeout becomes), ``workers`` (the processes and their pipes),
+``iterator`` / ``mp_iterator`` / ``wait`` (the single- and multi-process step loops).
+See docs/design/ownership.md.
+"""
