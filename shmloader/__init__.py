@@ -21,6 +21,7 @@ from shmloader.datasets import (
 from shmloader.errors import (
     ConfigError,
     DescriptorError,
+    LoaderClosed,
     LoaderError,
     PluginError,
     PoisonTask,
@@ -50,7 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
-    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderError", "PluginError", "PoisonTask", "RandomSampler",
+    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderClosed", "LoaderError", "PluginError", "PoisonTask", "RandomSampler",
     "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "StackDataset", "StateError",
     "Subset", "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler", "WorkerDied", "WorkerHung",
     "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert", "get_worker_info", "hookimpl", "random_split",

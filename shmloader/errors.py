@@ -13,6 +13,8 @@ Every error raised while loading subclasses something a torch user already catch
     │       ├── ShmSpaceError       the ring does not fit in the shared-memory directory
     │       ├── RingExhausted       the ring hit its slot limit while the user holds every slot
     │       ├── DescriptorError     a worker's descriptor failed validation (bug or corruption)
+    │       ├── SlotOwnershipError  a slot transition by a party that does not hold it (refused)
+    │       ├── LoaderClosed        next() on an iterator after close() stopped it
     │       └── PluginError         a plugin was refused at registration or raised inside a hook
     └── ValueError
         ├── ConfigError             a bad ``SHMLOADER_*`` value or loader option
@@ -43,6 +45,8 @@ __all__ = [
     "ShmSpaceError",
     "RingExhausted",
     "DescriptorError",
+    "SlotOwnershipError",
+    "LoaderClosed",
     "ConfigError",
     "PluginError",
     "StateError",
@@ -141,6 +145,15 @@ class RingExhausted(LoaderError):
 
 class DescriptorError(LoaderError):
     """A descriptor named a slot or a region that fails validation; nothing was viewed."""
+
+
+class SlotOwnershipError(LoaderError):
+    """A slot transition (fill, lease, resize, free) was asked by a task that does not hold the
+    slot. It is refused before anything changes: an engine bug, never silent data corruption."""
+
+
+class LoaderClosed(LoaderError):
+    """``next()`` on an iterator that ``close()`` (the loader's or its own) has stopped."""
 
 
 class PluginError(LoaderError):

@@ -19,6 +19,7 @@ import inspect
 import math
 import multiprocessing
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
@@ -26,11 +27,15 @@ from typing import Any, Generic, TypeVar
 from shmloader import collate as _collate
 from shmloader import loader_checks as checks
 from shmloader.config import resolve_config
+from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
 from shmloader.engine.iterator import BaseIter, SingleProcessIter
+from shmloader.engine.plan import Plan
+from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
 from shmloader.gpu import pinning
 from shmloader.log import apply_log_level
+from shmloader.owner import ProcessOwner
 from shmloader.plugins import build_plugin_manager
 from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from shmloader.transport.preflight import check_ring_fits
@@ -40,11 +45,7 @@ from shmloader.worker.main import WorkerSpec
 
 T_co = TypeVar("T_co", covariant=True)
 
-_CONFIG_OPTIONS = (
-    "num_workers", "prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout",
-    "in_order", "pin_memory", "slot_bytes", "max_slots", "shm_dir", "on_worker_death", "max_restarts",
-    "max_task_attempts", "task_seeding", "dispatch", "task_timeout_s", "log_level",
-)
+_CONFIG_OPTIONS = frozenset(f.name for f in FIELDS)  # the loader arguments an SHMLOADER_* variable can set
 _IMMUTABLE = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
@@ -81,9 +82,6 @@ class DataLoader(Generic[T_co]):
     _to_torch = False
     _explicit: dict[str, Any]  # set by _records_explicit before __init__ runs
     __initialized = False
-    _epoch_count = 0  # epochs started (state.py numbers epochs with it; load_state_dict restores it)
-    _record: Any = None  # the latest epoch's state.EpochRecord
-    _resume: Any = None  # a loaded mid-epoch state.Resume, used by the next iter()
 
     @_records_explicit
     def __init__(
@@ -159,8 +157,11 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = persistent_workers
         self._plugins = build_plugin_manager(plugins)
         self._events = Events(self._plugins)
-        self._pinner: pinning.PinBackend | None = None
-        self._iterator: BaseIter | None = None
+        self._pinner: pinning.PinBackend | None = None  # the one pin backend, made with the first ring
+        self._book = EpochBook(self)  # epochs, the latest record, a loaded resume (state.py's)
+        self._iterator: BaseIter | None = None  # the persistent iterator
+        self._live: weakref.WeakSet[BaseIter] = weakref.WeakSet()  # every iterator close() must stop
+        self._creator = ProcessOwner()
         self._IterableDataset_len_called: int | None = None
         self.__initialized = True
         self.check_worker_number_rationality()
@@ -198,18 +199,21 @@ class DataLoader(Generic[T_co]):
             if it is None or getattr(it, "closed", False):
                 self._iterator = self._get_iterator()
             else:
-                it._reset(self)
+                it._reset(self._plan())
             return self._iterator  # type: ignore[return-value]
         return self._get_iterator()
 
     def _get_iterator(self) -> BaseIter:
         self._warn_pinning()
         if self.num_workers == 0:
-            return SingleProcessIter(self)
-        from shmloader.engine.mp_iterator import MultiProcessIter
+            it: BaseIter = SingleProcessIter(self._plan())
+        else:
+            from shmloader.engine.mp_iterator import MultiProcessIter
 
-        self.check_worker_number_rationality()
-        return MultiProcessIter(self)
+            self.check_worker_number_rationality()
+            it = MultiProcessIter(self._plan())
+        self._live.add(it)
+        return it
 
     def __len__(self) -> int:
         if self._is_iterable:
@@ -220,10 +224,15 @@ class DataLoader(Generic[T_co]):
         return len(self._index_sampler)
 
     def close(self) -> None:
-        """Stop persistent workers and unlink the ring now (batches you hold stay valid)."""
-        it = self._iterator
-        if it is not None:
+        """Stop everything this loader started: every worker of every iterator it handed out
+        (persistent or not) and every segment of their rings. Batches you hold stay valid; a
+        ``next()`` on any of those iterators raises ``LoaderClosed``; ``iter(loader)`` starts
+        afresh. A no-op in a process that inherited the loader (a forked worker)."""
+        if not self._creator.here:
+            return
+        for it in list(self._live):
             it.close()
+        self._iterator = None
 
     def __enter__(self) -> DataLoader[T_co]:
         return self
@@ -261,7 +270,19 @@ class DataLoader(Generic[T_co]):
         """Timings and counters: per-worker fetch/collate time, consumer wait, bytes, bottleneck."""
         return self._events.stats.summary()
 
-    # -- engine wiring (used by the iterators) -------------------------------------------------
+    # -- engine wiring: the plan is all an iterator sees of the loader --------------------------
+    def _plan(self) -> Plan:
+        """One iterator's frozen view of this loader (engine/plan.py)."""
+        cfg = self._config
+        return Plan(
+            config=cfg, dataset=self.dataset, num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor or 0, timeout_s=float(self.timeout), in_order=self.in_order,
+            persistent=self.persistent_workers, iterable=self._is_iterable, auto_collation=self._auto_collation,
+            index_sampler=self._index_sampler, len_called=self._IterableDataset_len_called, events=self._events,
+            book=self._book, context=self._mp_context, worker_spec=self._worker_spec, make_ring=self._make_ring,
+            preflight=self._preflight, finish=self._finish_batch,
+        )
+
     def _default_collate_fn(self) -> Callable[[Any], Any]:
         if self._auto_collation:
             return _collate.torch_default_collate if self._to_torch else _collate.default_collate
@@ -307,6 +328,7 @@ class DataLoader(Generic[T_co]):
                     on_retire=pin.unregister_segment if pin else None, fence=fence)
 
     def _preflight(self, ring: Ring, slot_bytes: int, slots: int) -> None:
+        """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit (transport/preflight.py)."""
         check_ring_fits(ring, slot_bytes, slots, num_workers=self.num_workers,
                         prefetch_factor=self.prefetch_factor or 0)
 

@@ -123,13 +123,7 @@ class EpochRecord:
     finished: bool = False
 
 
-# -- taking an epoch's record (iterators call these) ---------------------------------------------
-def take_resume(loader: Any) -> Resume | None:
-    resume = getattr(loader, "_resume", None)
-    loader._resume = None
-    return resume
-
-
+# -- taking an epoch's record (epoch_book.EpochBook calls these) -----------------------------------
 @contextlib.contextmanager
 def global_rng(resume: Resume | None) -> Iterator[None]:
     """On resume, torch's global RNG is the saved one while the epoch starts, then the caller's again."""
@@ -155,17 +149,17 @@ def object_states(loader: Any) -> dict[str, Any]:
     return states
 
 
-def new_record(loader: Any, base_seed: int, objects: dict[str, Any], resume: Resume | None) -> EpochRecord:
+def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], resume: Resume | None) -> EpochRecord:
     """Number the epoch and snapshot its random sources (after the base seed, before the sampler draws)."""
     torch = sys.modules.get("torch")
-    epoch = resume.epoch if resume is not None else getattr(loader, "_epoch_count", 0)
+    epoch = resume.epoch if resume is not None else book.epoch_count
     record = EpochRecord(epoch, base_seed, objects, _take_random(loader),
                          torch.get_rng_state() if torch is not None else None, _unsaveable(loader))
     if resume is not None:
         record.delivered = TaskSet.from_ranges(resume.delivered.to_ranges())
         record.yielded = resume.yielded
-    loader._epoch_count = epoch + 1
-    loader._record = record
+    book.epoch_count = epoch + 1
+    book.record = record
     return record
 
 
@@ -195,13 +189,18 @@ def config_of(loader: Any) -> dict[str, Any]:
 
 
 def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, Any]:
-    """The state of ``record``'s epoch (default: the loader's latest), or of the next epoch's start."""
-    resume = getattr(loader, "_resume", None)
-    if record is None and resume is not None:
-        return json.loads(json.dumps(resume.state))
-    record = record if record is not None else getattr(loader, "_record", None)
+    """The state of ``record``'s epoch (default: the loader's latest), or of the next epoch's start.
+
+    Between epochs, ``base_seed`` is the seed the next epoch will reuse (a persistent iterator
+    keeps its base seed, as torch's does) or None when the next ``iter()`` draws a new one; with
+    it the loaded loader continues its generators exactly as the saving one would have.
+    """
+    book = loader._book
+    if record is None and book.resume is not None:
+        return json.loads(json.dumps(book.resume.state))
+    record = record if record is not None else book.record
     if record is None or record.finished:
-        state = _state(loader, getattr(loader, "_epoch_count", 0), False, None, [], 0,
+        state = _state(loader, book.epoch_count, False, book.reused_seed, [], 0,
                        _encode_random(_take_random(loader), None), object_states(loader))
     else:
         if record.unsaveable:
@@ -237,14 +236,13 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
         target.load_state_dict(saved)
     _restore_random(loader, random["sources"])
     loader.close()  # persistent workers restart with the restored dataset
-    loader._record = None
-    loader._epoch_count = state["epoch"]
-    loader._resume = None
-    if state["in_progress"]:
+    book = loader._book
+    book.record, book.resume, book.epoch_count = None, None, state["epoch"]
+    if state["in_progress"] or state["base_seed"] is not None:  # mid-epoch, or a seed to reuse
         torch_global = random.get("torch_global")
-        loader._resume = Resume(state["epoch"], state["base_seed"], delivered, state["yielded"],
-                                None if torch_global is None else base64.b64decode(torch_global),
-                                json.loads(json.dumps(dict(state))))
+        book.resume = Resume(state["epoch"], state["base_seed"], delivered, state["yielded"],
+                             None if torch_global is None else base64.b64decode(torch_global),
+                             json.loads(json.dumps(dict(state))))
 
 
 def check(loader: Any, state: Mapping[str, Any]) -> None:

@@ -98,11 +98,7 @@ def generate_state(base_seed: int, worker_id: int) -> list[int]:
 def seed_worker(base_seed: int, worker_id: int) -> int:
     """Seed random, numpy and (if imported) torch as torch seeds a worker; returns the seed."""
     seed = base_seed + worker_id
-    random.seed(seed)
-    np.random.seed(generate_state(base_seed, worker_id))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(seed)
+    seed_rngs(seed, generate_state(base_seed, worker_id))
     return seed
 
 
@@ -114,8 +110,18 @@ def task_seed(base_seed: int, epoch: int, task: int) -> int:
 
 def seed_task(seed: int) -> None:
     """Reseed random, numpy and (if imported) torch before a task runs."""
+    seed_rngs(seed, generate_state(seed, 0))
+
+
+def seed_rngs(seed: int, numpy_state: list[int], *, cuda: bool = True) -> None:
+    """The one place RNGs are seeded: ``random`` and torch with ``seed``, numpy's global RNG with
+    ``numpy_state``. ``cuda=False`` leaves CUDA's generators alone (the main process seeding a
+    task with ``num_workers=0`` must not reseed the caller's GPU streams)."""
     random.seed(seed)
-    np.random.seed(generate_state(seed, 0))
+    np.random.seed(numpy_state)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
+        if cuda:
+            torch.manual_seed(seed)
+        else:
+            torch.default_generator.manual_seed(seed)

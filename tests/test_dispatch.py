@@ -13,7 +13,6 @@ import json
 import multiprocessing
 import random
 import warnings
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,7 @@ import pytest
 from parity_helpers import assert_same_structure
 
 import shmloader
-from shmloader.engine.iterator import IterState
-from shmloader.engine.mp_iterator import MultiProcessIter
+from shmloader.engine.dispatch import Dispatcher
 from shmloader.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -211,37 +209,40 @@ def test_least_loaded_with_task_seeding_is_reproducible_run_to_run() -> None:
 # -- the dispatcher's choice, without processes --------------------------------------------------
 
 
-def picker(dispatch: str, in_order: bool, outstanding: list[int], prefetch: int = 2) -> MultiProcessIter:
-    it = object.__new__(MultiProcessIter)
-    it._state = IterState.CLOSED  # nothing to shut down when it is collected
-    it._pool = SimpleNamespace(workers=[SimpleNamespace(id=i, outstanding=[None] * k, exhausted=False)
-                                        for i, k in enumerate(outstanding)])
-    it._cfg = SimpleNamespace(dispatch=dispatch)
-    it._iterable, it._in_order, it._prefetch = False, in_order, prefetch
-    it._num_workers, it._next_task, it._rr = len(outstanding), 0, 0
-    return it
-
-
 def test_in_order_round_robin_waits_for_the_tasks_own_worker() -> None:
-    it = picker("round_robin", True, [2, 0, 1])
-    assert it._pick_worker() is None  # task 0 is worker 0's, which is full: wait, do not reassign
-    it._next_task = 4
-    assert it._pick_worker().id == 1
-    it._next_task = 5
-    assert it._pick_worker().id == 2
+    d = Dispatcher(3, 2, mode="round_robin", in_order=True)
+    held, exhausted = [2, 0, 1], [False] * 3
+    assert d.pick(0, held, exhausted) is None  # task 0 is worker 0's, which is full: wait, do not reassign
+    assert d.pick(4, held, exhausted) == 1
+    assert d.pick(5, held, exhausted) == 2
 
 
 def test_out_of_order_round_robin_follows_torchs_cycle_passing_over_full_workers() -> None:
-    it = picker("round_robin", False, [2, 0, 1])
-    assert [it._pick_worker().id for _ in range(2)] == [1, 2]
-    it._pool.workers[2].outstanding.append(None)
-    it._pool.workers[1].outstanding.extend([None, None])
-    assert it._pick_worker() is None and it._rr == 0  # every worker full: the cycle is back where it was
+    d = Dispatcher(3, 2, mode="round_robin", in_order=False)
+    held, exhausted = [2, 0, 1], [False] * 3
+    assert [d.pick(t, held, exhausted) for t in range(2)] == [1, 2]
+    held = [2, 2, 2]
+    assert d.pick(2, held, exhausted) is None and d.cursor == 0  # every worker full: the cycle is back where it was
 
 
 def test_least_loaded_picks_the_worker_with_fewest_outstanding() -> None:
-    assert picker("least_loaded", True, [2, 1, 0])._pick_worker().id == 2
-    assert picker("least_loaded", True, [2, 2])._pick_worker() is None
+    assert Dispatcher(3, 2, mode="least_loaded").pick(0, [2, 1, 0], [False] * 3) == 2
+    assert Dispatcher(2, 2, mode="least_loaded").pick(0, [2, 2], [False] * 2) is None
+
+
+def test_iterable_datasets_are_dealt_round_robin_over_workers_with_data() -> None:
+    d = Dispatcher(3, 2, iterable=True)
+    assert [d.pick(t, [0, 0, 0], [False, True, False]) for t in range(3)] == [0, 2, 0]
+    assert d.pick(3, [0, 0, 0], [True, True, True]) is None
+    assert d.capacity([False, True, False]) == 4
+
+
+def test_a_skipped_task_takes_its_turn_in_the_cycle() -> None:
+    d = Dispatcher(3, 2, mode="round_robin", in_order=False)
+    d.skip()
+    assert d.pick(1, [0, 0, 0], [False] * 3) == 1  # as if task 0 had gone to worker 0
+    d.reset()
+    assert d.cursor == 0
 
 
 # -- configuration --------------------------------------------------------------------------------

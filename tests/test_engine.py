@@ -194,7 +194,7 @@ def test_prefetch_factor_bounds_outstanding_tasks():
     next(it)
     eng = dl._iterator
     assert all(len(w.outstanding) <= 3 for w in eng._pool.workers)
-    assert eng._current_inflight() + len(eng._reorder) <= 6
+    assert eng._ledger.in_epoch(eng._epoch) + len(eng._reorder) <= 6
     list(it)
     dl.close()
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ring_helpers import OWNER, leased
 import shmloader
 from shmloader.gpu.fake import FakeBackend, FakeEvent
 from shmloader.transport.ring import Ring, SlotState
@@ -31,8 +32,8 @@ def ring_with(fence: Any, tmp_path: Any, max_slots: int = 0) -> Ring:
 
 
 def lease_and_drop(ring: Ring, slot: Any) -> None:
-    ring.fill(slot)
-    buf = ring.lease(slot)
+    ring.fill(slot, OWNER)
+    buf = leased(ring, slot)
     del buf
     gc.collect()
 
@@ -52,13 +53,13 @@ def test_a_slot_cools_until_its_fence_completes(tmp_path: Any) -> None:
     fences = Fences()
     ring = ring_with(fences, tmp_path)
     try:
-        slot = ring.grow(PAGE)
+        slot = ring.grow(PAGE, OWNER)
         lease_and_drop(ring, slot)
         assert len(fences.events) == 1  # recorded when the last view died
-        assert ring.take(PAGE) is None and ring.cooling == 1
+        assert ring.take(PAGE, OWNER) is None and ring.cooling == 1
         assert slot.state is SlotState.LEASED
         fences.events[0].complete()
-        again = ring.take(PAGE)
+        again = ring.take(PAGE, OWNER)
         assert again is slot and ring.cooling == 0
     finally:
         ring.close()
@@ -68,11 +69,11 @@ def test_at_max_slots_the_ring_waits_for_the_oldest_fence(tmp_path: Any) -> None
     fences = Fences()
     ring = ring_with(fences, tmp_path, max_slots=2)
     try:
-        first, second = ring.grow(PAGE), ring.grow(PAGE)
+        first, second = ring.grow(PAGE, OWNER), ring.grow(PAGE, OWNER)
         lease_and_drop(ring, first)
         lease_and_drop(ring, second)
-        assert ring.take(PAGE) is None
-        slot = ring.grow(PAGE)  # no RingExhausted: the oldest fence is waited for
+        assert ring.take(PAGE, OWNER) is None
+        slot = ring.grow(PAGE, OWNER)  # no RingExhausted: the oldest fence is waited for
         assert slot is first
         assert fences.events[0].synchronized and not fences.events[1].synchronized
         assert len(ring.slots) == 2
@@ -86,12 +87,12 @@ def test_a_failing_fence_is_logged_and_the_slot_reused(tmp_path: Any, caplog: py
 
     ring = ring_with(broken, tmp_path)
     try:
-        slot = ring.grow(PAGE)
+        slot = ring.grow(PAGE, OWNER)
         with caplog.at_level(logging.WARNING, logger="shmloader"):
             lease_and_drop(ring, slot)
         assert any("could not fence slot 0" in r.getMessage() and "no stream here" in r.getMessage()
                    for r in caplog.records)
-        assert ring.take(PAGE) is slot
+        assert ring.take(PAGE, OWNER) is slot
     finally:
         ring.close()
 
@@ -99,9 +100,9 @@ def test_a_failing_fence_is_logged_and_the_slot_reused(tmp_path: Any, caplog: py
 def test_without_a_fence_a_dropped_slot_is_free_at_once(tmp_path: Any) -> None:
     ring = ring_with(None, tmp_path)
     try:
-        slot = ring.grow(PAGE)
+        slot = ring.grow(PAGE, OWNER)
         lease_and_drop(ring, slot)
-        assert ring.take(PAGE) is slot
+        assert ring.take(PAGE, OWNER) is slot
     finally:
         ring.close()
 
@@ -109,9 +110,9 @@ def test_without_a_fence_a_dropped_slot_is_free_at_once(tmp_path: Any) -> None:
 def test_a_stale_release_after_close_is_ignored(tmp_path: Any) -> None:
     fences = Fences()
     ring = ring_with(fences, tmp_path)
-    slot = ring.grow(PAGE)
-    ring.fill(slot)
-    buf = ring.lease(slot)
+    slot = ring.grow(PAGE, OWNER)
+    ring.fill(slot, OWNER)
+    buf = leased(ring, slot)
     ring.close()
     del buf
     gc.collect()

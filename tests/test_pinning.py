@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ring_helpers import OWNER
 import shmloader
 from shmloader.errors import ConfigError
 from shmloader.gpu import pinning
@@ -93,7 +94,7 @@ def test_every_slot_is_page_aligned(fake: FakeBackend) -> None:
 def test_slot_addresses_are_page_aligned_in_a_bare_ring(tmp_path: Any) -> None:
     ring = Ring(str(tmp_path))
     try:
-        slots = [ring.grow(n) for n in (1, 4095, 4097, 3 * PAGE_BYTES + 5)]
+        slots = [ring.grow(n, OWNER) for n in (1, 4095, 4097, 3 * PAGE_BYTES + 5)]
         assert all(segment_address(s.segment) % PAGE_BYTES == 0 for s in slots)
         assert all(s.size_bytes % PAGE_BYTES == 0 for s in slots)
     finally:
@@ -372,8 +373,8 @@ def test_mlock_refused_warns_once_citing_rlimit_memlock(tmp_path: Any) -> None:
     backend = MlockBackend(libc=libc)
     ring = Ring(str(tmp_path), on_create=backend.register_segment, on_retire=backend.unregister_segment)
     with pytest.warns(RuntimeWarning, match="RLIMIT_MEMLOCK") as caught:
-        ring.grow(PAGE_BYTES)
-        ring.grow(PAGE_BYTES)
+        ring.grow(PAGE_BYTES, OWNER)
+        ring.grow(PAGE_BYTES, OWNER)
     assert len([w for w in caught if "RLIMIT_MEMLOCK" in str(w.message)]) == 1
     assert libc.calls == 2 and backend.registered == {}
     ring.close()
@@ -394,7 +395,7 @@ def test_mlock_locks_and_unlocks_or_says_why(tmp_path: Any) -> None:
     before = _locked_bytes()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        slot = ring.grow(4 * PAGE_BYTES)
+        slot = ring.grow(4 * PAGE_BYTES, OWNER)
     if backend.registered:
         assert _locked_bytes() - before >= slot.size_bytes
     else:

@@ -24,6 +24,7 @@ import pytest
 
 import shmloader
 from shmloader.gpu import pinning
+from shmloader.gpu.backends import segment_address
 from shmloader.gpu.fake import FakeBackend
 from shmloader.gpu.prefetch import DevicePrefetcher, transfer_for
 from shmloader.transport.ring import SlotState
@@ -47,6 +48,13 @@ def expected(k: int) -> np.ndarray:
 def alive(refs: list[weakref.ref]) -> bool:
     gc.collect()
     return any(r() is not None for r in refs)
+
+
+def slot_of(ring: Any, array: np.ndarray) -> Any:
+    """The ring's slot whose segment holds ``array``."""
+    address = array.__array_interface__["data"][0]
+    return next(s for s in ring.slots
+                if 0 <= address - segment_address(s.segment) < s.segment.size_bytes)
 
 
 def leased(loader: Any) -> int:
@@ -84,7 +92,7 @@ def test_slot_state_follows_the_event(fake: FakeBackend) -> None:
     it = iter(shmloader.to_device(loader, "cpu", max_held=8))
     next(it)
     ring = loader._iterator._ring
-    slot0 = next(s for s in ring.slots if s.task == 0)
+    slot0 = slot_of(ring, fake.sources[0][0]())  # the slot batch 0's copy reads
     gc.collect()
     ring.collect_released()
     assert slot0.state is SlotState.LEASED  # its copy has not finished: the lease is held

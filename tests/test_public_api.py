@@ -11,7 +11,7 @@ import shmloader
 
 EXPECTED = {
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
-    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderError", "PluginError", "PoisonTask",
+    "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderClosed", "LoaderError", "PluginError", "PoisonTask",
     "RandomSampler", "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError",
     "StackDataset", "StateError", "Subset", "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler",
     "WorkerDied", "WorkerHung", "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert",

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from ring_helpers import OWNER, leased
 from shmloader.collate import SlotFull
 from shmloader.engine.reorder import Reorder
 from shmloader.errors import DescriptorError, RingExhausted
@@ -54,8 +55,8 @@ def test_names_that_are_not_ours_are_never_swept(tmp_path, name):
 
 
 def test_lease_returns_the_slot_only_when_the_last_view_dies(ring):
-    slot = ring.grow(4096)
-    buf = ring.lease(slot)
+    slot = ring.grow(4096, OWNER)
+    buf = leased(ring, slot)
     view = np.ndarray((4,), np.float64, buffer=buf, offset=64)[1:]  # a view of a view
     del buf
     gc.collect()
@@ -63,30 +64,30 @@ def test_lease_returns_the_slot_only_when_the_last_view_dies(ring):
     del view
     gc.collect()
     assert ring.collect_released() == 1 and slot.state is SlotState.FREE
-    assert ring.take(4096) is slot
+    assert ring.take(4096, OWNER) is slot
 
 
 def test_ring_resizes_a_small_free_slot_and_retires_the_old_segment(ring):
-    slot = ring.grow(4096)
+    slot = ring.grow(4096, OWNER)
     old = slot.segment.name
-    ring.free(slot)
-    assert ring.take(3 * 4096) is slot
+    ring.free(slot, OWNER)
+    assert ring.take(3 * 4096, OWNER) is slot
     assert slot.size_bytes >= 3 * 4096 and old in ring.retired_names
     assert not os.path.exists(f"/dev/shm/{old}")
 
 
 def test_max_slots_raises_ring_exhausted():
     r = Ring("/dev/shm", max_slots=1)
-    r.grow(4096)
+    r.grow(4096, OWNER)
     with pytest.raises(RingExhausted, match="max_slots=1"):
-        r.grow(4096)
+        r.grow(4096, OWNER)
     r.close()
 
 
 def test_close_unlinks_but_keeps_viewed_memory_mapped():
     r = Ring("/dev/shm")
-    slot = r.grow(4096)
-    view = np.ndarray((8,), np.uint8, buffer=r.lease(slot))
+    slot = r.grow(4096, OWNER)
+    view = np.ndarray((8,), np.uint8, buffer=leased(r, slot))
     view[:] = 7
     r.close()
     assert not os.path.exists(f"/dev/shm/{slot.segment.name}")
@@ -94,7 +95,7 @@ def test_close_unlinks_but_keeps_viewed_memory_mapped():
 
 
 def test_allocator_aligns_and_raises_slot_full(ring):
-    slot = ring.grow(4096)
+    slot = ring.grow(4096, OWNER)
     alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
     a, b = alloc((3,), np.uint8), alloc((5,), np.float64)
     assert a.ctypes.data % 64 == 0 and b.ctypes.data % 64 == 0 and b.ctypes.data - a.ctypes.data == 64
@@ -104,7 +105,7 @@ def test_allocator_aligns_and_raises_slot_full(ring):
 
 
 def test_codec_round_trip_records_arrays_and_inlines_the_rest(ring):
-    slot = ring.grow(1 << 16)
+    slot = ring.grow(1 << 16, OWNER)
     alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
     inside = alloc((4, 3), np.float32)
     inside[:] = np.arange(12).reshape(4, 3)
@@ -114,7 +115,7 @@ def test_codec_round_trip_records_arrays_and_inlines_the_rest(ring):
     assert len(payload) < 600 and nbytes == inside.nbytes + outside.nbytes
     assert codec.measure(batch) >= nbytes
     del inside, alloc
-    got, views = codec.decode(payload, ring.lease(slot), slot.size_bytes)
+    got, views = codec.decode(payload, leased(ring, slot), slot.size_bytes)
     assert views == 2
     np.testing.assert_array_equal(got["x"], np.arange(12).reshape(4, 3))
     np.testing.assert_array_equal(got["y"], np.arange(6)[::-1])
@@ -123,7 +124,7 @@ def test_codec_round_trip_records_arrays_and_inlines_the_rest(ring):
 
 
 def test_codec_rejects_a_record_outside_the_slot(ring):
-    slot = ring.grow(4096)
+    slot = ring.grow(4096, OWNER)
     import pickle
 
     class Forger(pickle.Pickler):
@@ -135,7 +136,7 @@ def test_codec_rejects_a_record_outside_the_slot(ring):
     buf = io.BytesIO()
     Forger(buf, protocol=5).dump(np.zeros(1))
     with pytest.raises(DescriptorError, match="outside the slot"):
-        codec.decode(buf.getvalue(), ring.lease(slot), slot.size_bytes)
+        codec.decode(buf.getvalue(), leased(ring, slot), slot.size_bytes)
     gc.collect()
 
 

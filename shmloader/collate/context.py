@@ -22,13 +22,9 @@ Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 class SlotFull(Exception):
     """Raised by an allocator when the batch does not fit the memory it may hand out.
 
-    Defined here so collation stays engine-agnostic; collate never catches it. Attribute
-    ``needed_bytes``: the size of the refused request, when the allocator knows it.
+    Defined here so collation stays engine-agnostic; collate never catches it (the worker then
+    measures the batch and asks the main process for a larger slot).
     """
-
-    def __init__(self, *args: object, needed_bytes: int | None = None) -> None:
-        super().__init__(*args)
-        self.needed_bytes = needed_bytes
 
 
 def heap_alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

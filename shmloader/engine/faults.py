@@ -1,9 +1,16 @@
 """The fault policy: what a worker death, a hang or a timeout becomes.
 
 Owns the decision (raise, or restart the worker and re-dispatch its tasks; when a task is poison;
-when the restart budget is spent) and the wording of every such error. Pure apart from reading
-measurements for hints (free bytes of the shm directory, the cgroup's OOM-kill count). Runs in the
-main process. Messages keep torch's words where users grep for them ("DataLoader worker ...
+when the restart budget is spent: :func:`after_death` and :func:`death_error`) and the wording of
+every such error. Pure apart from reading measurements for hints (free bytes of the shm directory,
+the cgroup's OOM-kill count). Runs in the main process.
+
+The poison rule (docs/reliability.md): a task is poison when the workers running it died
+``max_task_attempts`` times *in a row* — no other task's worker died in between. A death while a
+worker runs some other task breaks the streak: deaths spread over tasks come from outside the
+task (a stress script or an OOM killer picking workers, a preempting scheduler) and are bounded by
+``max_restarts`` instead, never blamed on whichever task happened to be running. Deaths while a
+worker starts, or while it is idle, neither count nor break a streak. Messages keep torch's words where users grep for them ("DataLoader worker ...
 exited unexpectedly", "DataLoader timed out after N seconds") and add the facts torch leaves out.
 """
 
@@ -27,10 +34,13 @@ from shmloader.errors import (
 from shmloader.transport import segment
 
 Tasks = Mapping[int, Sequence[int] | None]
+Key = tuple[int, int]  # (epoch, task)
 
 # A worker's start-up (unpickling the dataset, importing, worker_init_fn) may legitimately take far
 # longer than one task, above all under spawn; with task_timeout_s set, it gets at least this long.
 START_TIMEOUT_FLOOR_S = 30.0
+START_ATTEMPTS = 2  # a worker that failed to start this many times in a row is not restarted again
+MAIN_GUARD_DOCS = "https://docs.python.org/3/library/multiprocessing.html#the-spawn-and-forkserver-start-methods"
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,49 @@ class FaultPolicy:
         if self.task_timeout_s <= 0 or ready:
             return self.task_timeout_s
         return max(self.task_timeout_s, START_TIMEOUT_FLOOR_S)
+
+
+@dataclass(frozen=True)
+class Streak:
+    """Consecutive worker deaths, each while the same task was the one its worker ran."""
+
+    key: Key | None = None
+    deaths: tuple[str, ...] = ()
+
+
+def after_death(streak: Streak, head: Key | None, death: str) -> Streak:
+    """The streak after a death; ``head`` is the task the worker was running (None: starting or idle)."""
+    if head is None:
+        return streak
+    if head == streak.key:
+        return Streak(head, (*streak.deaths, death))
+    return Streak(head, (death,))
+
+
+def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable: bool, starting: bool,
+                worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
+                start_failures: int = 0, start_method: str = "fork") -> BaseException | None:
+    """The error a death becomes, or None when the worker is to be replaced and its tasks re-sent.
+
+    ``restarts`` counts this epoch's deaths, this one included; ``streak`` is :func:`after_death`'s
+    result for this death; ``tasks`` maps the dead worker's tasks (oldest first) to their indices;
+    ``start_failures`` counts this worker id's deaths in a row before it ever said Ready. A worker
+    that dies while starting on two attempts in a row will not start on a third (a missing main
+    guard under spawn, an import error, a dataset that cannot be unpickled): it is reported at
+    once, without suggesting a restart.
+    """
+    if start_failures >= START_ATTEMPTS:
+        return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=True,
+                    start_method=start_method, attempts=start_failures)
+    if not policy.restart or iterable:
+        return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=starting,
+                    start_method=start_method)
+    if restarts > policy.max_restarts:
+        return budget_spent(worker_id, pid, exitcode, tasks, policy.max_restarts, starting=starting)
+    if starting or streak.key is None or len(streak.deaths) < policy.max_task_attempts:
+        return None
+    task = streak.key[1]
+    return poison(task, tasks.get(task), len(streak.deaths), streak.deaths)
 
 
 def hints(shm_dir: str, exitcode: int | None) -> list[str]:
@@ -104,23 +157,39 @@ def _held(tasks: Tasks, starting: bool) -> str:
 
 
 def died(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
-         *, iterable: bool = False, starting: bool = False) -> WorkerDied:
+         *, iterable: bool = False, starting: bool = False, start_method: str = "fork",
+         attempts: int = 1) -> WorkerDied:
     """torch's "DataLoader worker ... exited unexpectedly", with worker, pid, cause and tasks.
 
-    ``tasks`` is in the worker's order: the first is the one it was running.
+    ``tasks`` is in the worker's order: the first is the one it was running. A worker that died
+    while starting is never advised to be restarted: a restart starts it the same way again.
     """
     lines = [
         f"DataLoader worker {worker_id} (pid {pid}) exited unexpectedly with {describe_exit(exitcode)} "
-        f"{_held(tasks, starting)}.",
+        f"{_held(tasks, starting)}" + (f", on each of {attempts} attempts in a row." if attempts > 1 else "."),
         *hints(shm_dir, exitcode),
     ]
-    if iterable:
+    if starting:
+        lines += _start_advice(start_method, exitcode)
+    elif iterable:
         lines.append("A worker of an IterableDataset cannot be restarted, even with "
                      "on_worker_death='restart': its position in the stream died with it.")
     else:
         lines.append("To replace dead workers and re-run their tasks, pass on_worker_death='restart' "
                      "(or set SHMLOADER_ON_WORKER_DEATH=restart).")
     return WorkerDied("\n".join(lines), worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
+
+
+def _start_advice(start_method: str, exitcode: int | None) -> list[str]:
+    """What to check when a worker cannot start: its own traceback, and the main-module guard."""
+    advice = ["The worker's own traceback, if it printed one, is on this process's stderr above."]
+    if start_method in ("spawn", "forkserver") and exitcode == 1:
+        advice.append(
+            f"hint: under the {start_method!r} start method each worker imports your main module again; a "
+            "script that creates and iterates the DataLoader at module level, without "
+            "`if __name__ == \"__main__\":`, fails there while bootstrapping (Python's multiprocessing raises "
+            f"'An attempt has been made to start a new process ...'). Put the loop under that guard: {MAIN_GUARD_DOCS}")
+    return advice
 
 
 def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks,

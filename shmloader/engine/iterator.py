@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from shmloader import state as _state
-from shmloader._generators import draw_base_seed
-from shmloader.errors import PluginError
+from shmloader.engine.plan import Plan
+from shmloader.errors import LoaderClosed, PluginError
 from shmloader.worker.main import make_fetcher, run_collate
-from shmloader.worker_info import generate_state, task_seed
+from shmloader.worker_info import generate_state, seed_rngs, task_seed
 
 
 class IterState(enum.Enum):
@@ -36,18 +36,21 @@ class IterState(enum.Enum):
 
 
 class BaseIter:
-    """What single- and multi-process iteration share (torch's ``_BaseDataLoaderIter``)."""
+    """What single- and multi-process iteration share (torch's ``_BaseDataLoaderIter``).
 
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-        self._dataset = loader.dataset
-        self._iterable = loader._is_iterable
-        self._auto_collation = loader._auto_collation
-        self._num_workers = loader.num_workers
-        self._index_sampler = loader._index_sampler
+    Reads only its ``Plan``; the loader's epoch bookkeeping is reached through ``plan.book``.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._dataset = plan.dataset
+        self._iterable = plan.iterable
+        self._auto_collation = plan.auto_collation
+        self._num_workers = plan.num_workers
+        self._index_sampler = plan.index_sampler
         self._base_seed = 0
-        self._start_epoch(loader, draw_seed=True)
-        self._len_called = loader._IterableDataset_len_called
+        self._start_epoch(reuse_seed=None)
+        self._len_called = plan.len_called
         self._state = IterState.RUNNING
 
     def __iter__(self) -> BaseIter:
@@ -56,35 +59,30 @@ class BaseIter:
     def __len__(self) -> int:
         return len(self._index_sampler)
 
-    def _reset(self, loader: Any) -> None:
-        self._start_epoch(loader, draw_seed=False)  # persistent workers keep their base seed, as torch's
-        self._len_called = loader._IterableDataset_len_called
+    def _reset(self, plan: Plan) -> None:
+        """The next epoch on the same iterator (persistent workers keep their base seed, as torch's)."""
+        self._plan = plan
+        self._start_epoch(reuse_seed=self._base_seed)
+        self._len_called = plan.len_called
 
-    def _start_epoch(self, loader: Any, draw_seed: bool) -> None:
-        """Make the sampler iterator and base seed, and the record that can resume this epoch (issue 8).
-
-        After ``load_state_dict`` the saved base seed is used and delivered tasks are skipped: map-style
-        ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
-        """
-        resume = _state.take_resume(loader)
-        with _state.global_rng(resume):
-            objects = _state.object_states(loader)
-            self._sampler_iter = iter(self._index_sampler)
-            if resume is not None:
-                self._base_seed = resume.base_seed
-            elif draw_seed:
-                self._base_seed = draw_base_seed(loader.generator)
-            self._record = _state.new_record(loader, self._base_seed, objects, resume)
-            if not self._iterable:
-                self._sampler_iter = _state.peeked(self._sampler_iter)
+    def _start_epoch(self, reuse_seed: int | None) -> None:
+        """The sampler iterator, base seed and the record that can resume this epoch (epoch_book)."""
+        start = self._plan.book.start(self._index_sampler, self._iterable, reuse_seed)
+        self._sampler_iter = start.sampler_iter
+        self._base_seed = start.base_seed
+        self._record = start.record
         self._next_task = 0
-        self._skip = self._record.delivered if resume is not None and not self._iterable else _state.TaskSet()
-        self._fast_forward = resume.yielded if resume is not None and self._iterable else 0
+        self._skip = start.skip
+        self._fast_forward = start.fast_forward
         self._num_yielded = self._record.yielded
 
     def state_dict(self) -> dict[str, Any]:
         """This epoch's state (plain, JSON-serialisable); load it with ``loader.load_state_dict``."""
-        return _state.loader_state(self._loader, self._record)
+        return self._plan.book.save(self._record)
+
+    def state_of(self, record: _state.EpochRecord) -> dict[str, Any]:
+        """The state as of a copy of this iterator's record (the device prefetcher keeps one)."""
+        return self._plan.book.save(record)
 
     _observer_error: BaseException | None = None
 
@@ -92,7 +90,7 @@ class BaseIter:
         """Tell the observers a batch is out. An observer's error is raised at the next ``next()``,
         so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md)."""
         try:
-            self._loader._events.batch_ready(*event)
+            self._plan.events.batch_ready(*event)
         except PluginError as exc:
             self._observer_error = exc
 
@@ -127,15 +125,20 @@ class BaseIter:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
     def close(self) -> None:
+        """Stop: a later ``next()`` raises ``LoaderClosed``."""
         self._state = IterState.CLOSED
+
+    def _closed_error(self) -> LoaderClosed:
+        return LoaderClosed(f"this {type(self).__name__} was stopped by close() (the loader's or its own): "
+                            "start a new epoch with iter(loader)")
 
 
 class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread, into ordinary memory."""
 
-    def __init__(self, loader: Any) -> None:
-        super().__init__(loader)
-        self._spec = loader._worker_spec(self._base_seed)
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        self._spec = plan.worker_spec(self._base_seed)
         self._fetcher = make_fetcher(self._spec)
 
     def _next_data(self) -> Any:
@@ -144,10 +147,12 @@ class SingleProcessIter(BaseIter):
         except StopIteration:
             if self._state is IterState.RUNNING:
                 self._state = IterState.EXHAUSTED
-                self._loader._events.epoch_end()
+                self._plan.events.epoch_end()
             raise
 
     def _fetch_next(self) -> Any:
+        if self._state is IterState.CLOSED:
+            raise self._closed_error()
         if self._state is not IterState.RUNNING:
             raise StopIteration
         while self._next_task in self._skip:  # resume: delivered before the save
@@ -156,7 +161,7 @@ class SingleProcessIter(BaseIter):
         index = next(self._sampler_iter)  # StopIteration ends the epoch
         task, spec = self._next_task, self._spec
         self._next_task += 1
-        seed = task_seed(self._base_seed, self._record.epoch, task) if self._loader._config.task_seeding else None
+        seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
         with _seeded(seed):
             data = self._fetcher.fetch(index)  # an iterable dataset may end here too
@@ -167,7 +172,7 @@ class SingleProcessIter(BaseIter):
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
-        return self._loader._finish_batch(batch)
+        return self._plan.finish(batch)
 
 
 @contextlib.contextmanager
@@ -181,10 +186,7 @@ def _seeded(seed: int | None) -> Iterator[None]:
 
     torch = sys.modules.get("torch")
     saved = random.getstate(), np.random.get_state(), None if torch is None else torch.get_rng_state()
-    random.seed(seed)
-    np.random.seed(generate_state(seed, 0))
-    if torch is not None:
-        torch.default_generator.manual_seed(seed)
+    seed_rngs(seed, generate_state(seed, 0), cuda=False)
     try:
         yield
     finally:

@@ -51,18 +51,3 @@ class SlotAllocator:
         if 0 <= offset and offset + nbytes <= self.capacity:
             return offset
         return None
-
-
-class MeasuringAllocator:
-    """Counts the aligned bytes a batch needs, handing out heap arrays (used after SlotFull)."""
-
-    __slots__ = ("pos",)
-
-    def __init__(self) -> None:
-        self.pos = 0
-
-    def __call__(self, shape: tuple[int, ...], dtype: np.dtype | type | str) -> np.ndarray:
-        dt = np.dtype(dtype)
-        arr = np.empty(tuple(int(s) for s in shape), dtype=dt)
-        self.pos = align_up(self.pos) + arr.nbytes
-        return arr

@@ -108,5 +108,3 @@ class Exhausted:
     epoch: int
     task: int
 
-
-Reply = Ready | Filled | TooSmall | Failed | Exhausted

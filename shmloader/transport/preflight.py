@@ -16,7 +16,15 @@ from shmloader.transport import segment
 if TYPE_CHECKING:
     from shmloader.transport.ring import Ring
 
-__all__ = ["check_ring_fits"]
+__all__ = ["CONSUMER_SLOTS", "check_ring_fits", "ring_slots"]
+
+CONSUMER_SLOTS = 2  # slots the consumer may hold beyond the pipeline before the ring grows past it
+
+
+def ring_slots(num_workers: int, prefetch_factor: int) -> int:
+    """The slots a loader needs in steady state: its pipeline plus what the consumer holds."""
+    return max(num_workers, 1) * prefetch_factor + CONSUMER_SLOTS
+
 
 def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int, prefetch_factor: int) -> None:
     """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit beside what the ring holds.
@@ -34,4 +42,4 @@ def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int
         return
     raise segment.space_error(ring.shm_dir, needed, free,
                       f"the slot ring ({slots} slots of {slot_bytes} bytes: num_workers={num_workers} x "
-                      f"prefetch_factor={prefetch_factor} + 2 held by the consumer)")
+                      f"prefetch_factor={prefetch_factor} + {CONSUMER_SLOTS} held by the consumer)")

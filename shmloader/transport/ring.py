@@ -6,9 +6,13 @@ Owns every segment of one loader and each slot's state::
       ▲                                                       │ lease
       └──────── the last view of the batch is collected ◀── leased (the user)
 
-Runs in the main process only. Promises: one owner per slot at a time; a slot is never handed out
-while a view of its previous batch is alive; ``close()`` unlinks every segment, and a segment the
-user still views stays mapped until the last view dies. Slot *ids* are stable; a slot that is too
+Runs in the main process only. Promises: one owner per slot at a time, checked on every
+transition: ``take``/``grow`` name the task that now owns the slot, and ``fill``, ``lease``,
+``resize`` and ``free`` refuse (``SlotOwnershipError``) a slot that the named task does not hold,
+so a stale or doubled free can never hand a slot that another task is writing to a third. A slot
+is never handed out while a view of its previous batch is alive; ``close()`` unlinks every
+segment, and a segment the user still views stays mapped until the last view dies. The engine's
+ledger (``shmloader.engine.ledger``) is the only caller of the transitions. Slot *ids* are stable; a slot that is too
 small gets a new, larger segment (the old one is *retired*: unlinked, and its name queued so the
 workers can unmap it).
 
@@ -16,6 +20,8 @@ A lease is a ctypes buffer over the whole slot. Every array of the batch is a nu
 base is that buffer, so the buffer (and with it the slot) lives exactly as long as the last view;
 a ``weakref.finalize`` on it queues the slot id for release. The queue is a deque because the
 finalizer may run in any thread; the iterator drains it (``collect_released``) before it dispatches.
+The finalizer, ``close()`` and segment retirement act only in the process that made the ring
+(``owner.ProcessOwner``): a forked worker that garbage-collects an inherited copy does nothing.
 
 Pinned slots may still be read by a device copy when their last view dies (``x.to("cuda",
 non_blocking=True)`` then dropping ``x``). With a ``fence`` (the pin backend's), the finalizer also
@@ -30,12 +36,13 @@ import ctypes
 import enum
 import weakref
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
-from shmloader.errors import RingExhausted
+from shmloader.errors import RingExhausted, SlotOwnershipError
 from shmloader.log import logger
+from shmloader.owner import ProcessOwner
 from shmloader.transport.segment import Segment, explain_enospc, page_round
 
 
@@ -48,14 +55,14 @@ class SlotState(enum.Enum):
 
 @dataclass(eq=False)
 class Slot:
-    """One reusable region: a slot id, its current segment and its state."""
+    """One reusable region: a slot id, its current segment, its state and, while it is assigned or
+    filled, the task that owns it (the ledger's key)."""
 
     id: int
     segment: Segment
     state: SlotState = SlotState.FREE
-    task: int | None = None
+    owner: Hashable | None = None
     lease_serial: int = 0
-    pinned: bool = field(default=False)
 
     @property
     def size_bytes(self) -> int:
@@ -66,8 +73,14 @@ SegmentHook = Callable[[Segment], None]
 Fence = Callable[[], Any]  # returns an event (``query()``, ``synchronize()``) or None
 
 
-def _on_release(released: deque[tuple[int, int, Any]], fence: Fence | None, slot_id: int, serial: int) -> None:
-    """The lease's finalizer (any thread): queue the slot, with a fence event when pinned."""
+def _on_release(released: deque[tuple[int, int, Any]], fence: Fence | None, slot_id: int, serial: int,
+                creator: ProcessOwner) -> None:
+    """The lease's finalizer (any thread): queue the slot, with a fence event when pinned.
+
+    Inert outside the creating process: a forked worker collecting an inherited batch must not
+    record a device fence (CUDA is not initialised there) nor touch the parent's queue."""
+    if not creator.here:
+        return
     event = None
     if fence is not None:
         try:
@@ -101,34 +114,32 @@ class Ring:
         self.retired_names: list[str] = []
         self.created_total = 0
         self.closed = False
+        self._creator = ProcessOwner()
 
     # -- counts --------------------------------------------------------------------------
     def count(self, state: SlotState) -> int:
         return sum(1 for s in self.slots if s.state is state)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.size_bytes for s in self.slots)
-
     # -- slot life cycle -----------------------------------------------------------------
-    def take(self, min_bytes: int) -> Slot | None:
-        """A free slot of at least ``min_bytes`` (resized if needed), now assigned; None if none free."""
+    def take(self, min_bytes: int, owner: Hashable) -> Slot | None:
+        """A free slot of at least ``min_bytes`` (resized if needed), now assigned to ``owner``;
+        None if none is free."""
         self.collect_released()
         if not self._free:
             return None
         slot = self.slots[self._free.popleft()]
+        slot.state, slot.owner = SlotState.ASSIGNED, owner
         if slot.size_bytes < min_bytes:
-            self.resize(slot, min_bytes)
-        slot.state = SlotState.ASSIGNED
+            self.resize(slot, min_bytes, owner)
         return slot
 
-    def grow(self, min_bytes: int) -> Slot:
-        """Add a new slot, assigned at once. Past ``max_slots`` wait for the oldest cooling slot's
-        fence; with none cooling, raise RingExhausted."""
+    def grow(self, min_bytes: int, owner: Hashable) -> Slot:
+        """Add a new slot, assigned to ``owner`` at once. Past ``max_slots`` wait for the oldest
+        cooling slot's fence; with none cooling, raise RingExhausted."""
         if self.max_slots and len(self.slots) >= self.max_slots:
             while self._cooling and not self._free:
                 self._cool_oldest()
-            slot = self.take(min_bytes)
+            slot = self.take(min_bytes, owner)
             if slot is not None:
                 return slot
             leased = self.count(SlotState.LEASED)
@@ -137,36 +148,48 @@ class Ring:
                 f"({leased} leased by batches the caller still holds). Drop references to old "
                 "batches, or raise max_slots (SHMLOADER_MAX_SLOTS; 0 = no limit)."
             )
-        slot = Slot(len(self.slots), self._new_segment(min_bytes), SlotState.ASSIGNED)
+        slot = Slot(len(self.slots), self._new_segment(min_bytes), SlotState.ASSIGNED, owner)
         self.slots.append(slot)
         return slot
 
-    def resize(self, slot: Slot, min_bytes: int) -> None:
-        """Give a free or assigned slot a new segment of at least ``min_bytes``."""
-        if slot.state not in (SlotState.FREE, SlotState.ASSIGNED):
-            raise AssertionError(f"resize of slot {slot.id} in state {slot.state.value}")
+    def resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
+        """Give an assigned slot a new segment of at least ``min_bytes`` (the batch did not fit)."""
+        self._check(slot, owner, "resize", SlotState.ASSIGNED)
         old = slot.segment
         slot.segment = self._new_segment(min_bytes)
         self._retire(old)
 
-    def fill(self, slot: Slot) -> None:
+    def fill(self, slot: Slot, owner: Hashable) -> None:
+        """The worker wrote ``owner``'s batch: the slot is in flight to the user."""
+        self._check(slot, owner, "fill", SlotState.ASSIGNED)
         slot.state = SlotState.FILLED
 
-    def lease(self, slot: Slot) -> ctypes.Array:
-        """Hand the slot to the user: a buffer whose collection returns the slot."""
-        slot.state = SlotState.LEASED
+    def lease(self, slot: Slot, owner: Hashable) -> ctypes.Array:
+        """Hand ``owner``'s filled slot to the user: a buffer whose collection returns the slot."""
+        self._check(slot, owner, "lease", SlotState.FILLED)
+        slot.state, slot.owner = SlotState.LEASED, None
         slot.lease_serial += 1
         buf = (ctypes.c_char * slot.size_bytes).from_buffer(slot.segment.buf)
-        finalizer = weakref.finalize(buf, _on_release, self._released, self._fence, slot.id, slot.lease_serial)
+        finalizer = weakref.finalize(buf, _on_release, self._released, self._fence, slot.id, slot.lease_serial,
+                                     self._creator)
         finalizer.atexit = False  # nothing to return to a ring at interpreter exit
         return buf
 
-    def free(self, slot: Slot) -> None:
-        """Return a slot that no view references (failed, stale or empty batch) to the ring."""
-        if slot.state is SlotState.FREE:
-            return
-        slot.state = SlotState.FREE
-        slot.task = None
+    def free(self, slot: Slot, owner: Hashable) -> None:
+        """Return ``owner``'s slot, which no view references (failed, stale or empty task), to the ring."""
+        self._check(slot, owner, "free", SlotState.ASSIGNED, SlotState.FILLED)
+        self._make_free(slot)
+
+    def _check(self, slot: Slot, owner: Hashable, action: str, *states: SlotState) -> None:
+        """Refuse a transition by a party that does not hold the slot (DESIGN.md's ownership rule)."""
+        if slot.owner != owner or slot.state not in states or self.slots[slot.id] is not slot:
+            raise SlotOwnershipError(
+                f"refused to {action} slot {slot.id} for task {owner!r}: the slot is {slot.state.value}"
+                + (f" and held by task {slot.owner!r}" if slot.owner is not None else "")
+                + " (an engine bug: please report it with this message)")
+
+    def _make_free(self, slot: Slot) -> None:
+        slot.state, slot.owner = SlotState.FREE, None
         self._free.append(slot.id)
 
     def collect_released(self) -> int:
@@ -204,7 +227,7 @@ class Ring:
     def _free_cooled(self, slot: Slot, serial: int) -> int:
         """Free a released slot unless it was leased again since (a stale release)."""
         if slot.state is SlotState.LEASED and slot.lease_serial == serial:
-            self.free(slot)
+            self._make_free(slot)
             return 1
         return 0
 
@@ -217,8 +240,9 @@ class Ring:
             self._retire(slot.segment)
 
     def close(self) -> None:
-        """Unlink every segment; unmap those no view references. Idempotent."""
-        if self.closed:
+        """Unlink every segment; unmap those no view references. Idempotent; a no-op in any process
+        but the one that made the ring (a forked worker's inherited copy)."""
+        if self.closed or not self._creator.here:
             return
         self.closed = True
         for slot in self.slots:

@@ -1,0 +1,80 @@
+"""The dispatcher: which worker runs the next task. Pure: no I/O, no processes.
+
+Owns the round-robin cursor and the rule that picks a worker, given how many tasks each worker
+holds and which workers have run out of data. Promises, with ``prefetch`` tasks at most per worker:
+
+- ``round_robin`` (the default, torch's assignment): with ``in_order=True`` task t goes to worker
+  t % n and, when that worker is full, nothing is sent (the caller waits for replies) — so each
+  worker's seeded random streams meet the same samples as in torch; with ``in_order=False`` the
+  same cycle, passing over a full worker, as torch's cycle does;
+- ``least_loaded``: the worker holding the fewest tasks, ties broken from the cursor on;
+- an iterable dataset is dealt round-robin over the workers not yet exhausted, as torch deals it;
+- ``skip()`` (a task delivered before a resume) advances the cycle as a sent task would, so the
+  tasks that are sent go to the workers they would have gone to in an uninterrupted epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ROUND_ROBIN = "round_robin"
+LEAST_LOADED = "least_loaded"
+
+
+class Dispatcher:
+    def __init__(self, num_workers: int, prefetch: int, *, mode: str = ROUND_ROBIN, in_order: bool = True,
+                 iterable: bool = False) -> None:
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.mode = mode
+        self.in_order = in_order
+        self.iterable = iterable
+        self.cursor = 0
+
+    def reset(self) -> None:
+        """A new epoch starts its cycle at worker 0."""
+        self.cursor = 0
+
+    def capacity(self, exhausted: Sequence[bool]) -> int:
+        """How many tasks may be in the pipeline: ``prefetch`` per worker that still has data."""
+        return self.prefetch * sum(1 for e in exhausted if not e)
+
+    def skip(self) -> None:
+        """A task number passed over (delivered before a resume) takes its turn in the cycle."""
+        self.cursor = (self.cursor + 1) % self.num_workers
+
+    def pick(self, task: int, held: Sequence[int], exhausted: Sequence[bool]) -> int | None:
+        """The worker for task number ``task``, or None to wait for replies first.
+
+        ``held[w]``: tasks worker w holds; ``exhausted[w]``: worker w's iterable ran out.
+        """
+        n = len(held)
+        if self.iterable:
+            return self._pick_iterable(held, exhausted)
+        if self.mode == ROUND_ROBIN:
+            if self.in_order:  # torch: task t to worker t % n, however busy the others are
+                w = task % n
+                return w if held[w] < self.prefetch else None
+            for _ in range(n):  # torch's in_order=False: the same cycle, passing over a full worker
+                w = self.cursor % n
+                self.cursor = (self.cursor + 1) % n
+                if held[w] < self.prefetch:
+                    return w
+            return None
+        w = min(((self.cursor + i) % n for i in range(n)), key=lambda i: held[i])
+        return self._take(w, held)
+
+    def _pick_iterable(self, held: Sequence[int], exhausted: Sequence[bool]) -> int | None:
+        n = len(held)
+        for _ in range(n):
+            w = self.cursor % n
+            if not exhausted[w]:
+                return self._take(w, held)
+            self.cursor += 1
+        return None
+
+    def _take(self, w: int, held: Sequence[int]) -> int | None:
+        if held[w] >= self.prefetch:
+            return None
+        self.cursor = (w + 1) % len(held)
+        return w

@@ -1,0 +1,123 @@
+"""The ledger: the one record of every task in flight, and the only code that moves its slot.
+
+Owns one ``TaskRecord`` per dispatched task, keyed by ``(epoch, task)``, and each record's hold on
+its slot. Runs in the main process. Every slot transition of the engine goes through here, and
+each one names the task, so the ring checks that the task still holds the slot
+(``Ring`` raises ``SlotOwnershipError`` otherwise)::
+
+    assign ──▶ (worker writes) ──▶ fill ──▶ deliver (leased to the user: the record lets go)
+       │                             │
+       ├── resize (batch too big)    └── drop (abandoned epoch still in the reorder buffer)
+       ├── release (failed, exhausted, stale reply)
+       └── retry after a death: the record keeps its slot and goes to the successor
+
+Promises: a record gives its slot back exactly once — after ``release``, ``deliver`` or ``drop``
+it holds no slot (``slot is None``) and a second call is a no-op, never a free of a slot that a
+later task now owns; a descriptor is checked against the slot its task was given before any view
+is made. See docs/design/ownership.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from shmloader.errors import DescriptorError
+from shmloader.transport.ring import Ring, Slot
+
+Key = tuple[int, int]  # (epoch, task)
+
+
+@dataclass(eq=False)
+class TaskRecord:
+    """One dispatched task: its number, sample indices, worker, and the slot it holds (if any)."""
+
+    epoch: int
+    task: int
+    indices: list[Any] | None
+    slot: Slot | None
+    worker_id: int = -1
+
+    @property
+    def key(self) -> Key:
+        return (self.epoch, self.task)
+
+
+class Ledger:
+    """Tasks in flight and their slots, over one ring."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self._inflight: dict[Key, TaskRecord] = {}
+
+    # -- queries ---------------------------------------------------------------------------------
+    def get(self, key: Key) -> TaskRecord | None:
+        return self._inflight.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._inflight
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    def in_epoch(self, epoch: int) -> int:
+        """How many tasks of ``epoch`` are in flight."""
+        return sum(1 for (e, _t) in self._inflight if e == epoch)
+
+    def records(self, keys: Iterable[Key] | None = None) -> Iterator[TaskRecord]:
+        """The records of ``keys`` (default: all) that are in flight, in the given order."""
+        for key in list(self._inflight) if keys is None else keys:
+            rec = self._inflight.get(key)
+            if rec is not None:
+                yield rec
+
+    # -- transitions -----------------------------------------------------------------------------
+    def assign(self, epoch: int, task: int, indices: list[Any] | None, min_bytes: int) -> TaskRecord:
+        """A new task in flight, holding a free slot of at least ``min_bytes`` (the ring grows when
+        every slot is taken)."""
+        key = (epoch, task)
+        slot = self.ring.take(min_bytes, key) or self.ring.grow(min_bytes, key)
+        rec = TaskRecord(epoch, task, indices, slot)
+        self._inflight[key] = rec
+        return rec
+
+    def resize(self, rec: TaskRecord, min_bytes: int) -> None:
+        """The batch did not fit: the task's slot gets a larger segment."""
+        self.ring.resize(self._slot(rec), min_bytes, rec.key)
+
+    def fill(self, rec: TaskRecord, slot_id: int) -> None:
+        """The worker wrote the batch. The reply's slot id must be the task's slot."""
+        slot = self._slot(rec)
+        if slot_id != slot.id:
+            raise DescriptorError(f"task {rec.task} was given slot {slot.id}, but its worker's descriptor names "
+                                  f"slot {slot_id}; nothing was viewed")
+        self.ring.fill(slot, rec.key)
+        del self._inflight[rec.key]
+
+    def release(self, rec: TaskRecord) -> None:
+        """The task ended without a batch to view (it failed, ran out of data, or belongs to an
+        abandoned epoch): its slot, if it still holds one, goes back to the ring, once."""
+        self._inflight.pop(rec.key, None)
+        if rec.slot is not None:
+            slot, rec.slot = rec.slot, None
+            self.ring.free(slot, rec.key)
+
+    def deliver(self, rec: TaskRecord) -> ctypes.Array:
+        """Hand a filled task's slot to the user: the returned buffer (and the views made on it)
+        now hold the slot; the record holds nothing."""
+        slot, rec.slot = self._slot(rec), None
+        return self.ring.lease(slot, rec.key)
+
+    def drop(self, rec: TaskRecord) -> None:
+        """A filled task that will never be delivered (its epoch was abandoned): free its slot."""
+        if rec.slot is not None:
+            slot, rec.slot = rec.slot, None
+            self.ring.free(slot, rec.key)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _slot(self, rec: TaskRecord) -> Slot:
+        if rec.slot is None:
+            raise DescriptorError(f"task {rec.task} (epoch {rec.epoch}) holds no slot any more; nothing was viewed")
+        return rec.slot
