@@ -68,6 +68,7 @@ class Config:
     slot_bytes: int = 0
     max_slots: int = 0
     shm_dir: str = DEFAULT_SHM_DIR
+    sweep: bool = True
     on_worker_death: str = "raise"
     max_restarts: int = 16
     max_task_attempts: int = 3

@@ -11,6 +11,7 @@ Every error raised while loading subclasses something a torch user already catch
     │       ├── WorkerTimeout       no batch within ``timeout=`` seconds (torch's wording)
     │       │   └── WorkerHung      a worker exceeded the per-task deadline and was killed
     │       ├── ShmSpaceError       the ring does not fit in the shared-memory directory
+    │       ├── SegmentCollision    no fresh segment name could be created (taken each time)
     │       ├── RingExhausted       the ring hit its slot limit while the user holds every slot
     │       ├── DescriptorError     a worker's descriptor failed validation (bug or corruption)
     │       ├── SlotOwnershipError  a slot transition by a party that does not hold it (refused)
@@ -31,6 +32,7 @@ marked as such and backed by a measurement, then what to change.
 
 from __future__ import annotations
 
+import numbers
 import signal as _signal
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,6 +45,7 @@ __all__ = [
     "WorkerTimeout",
     "WorkerHung",
     "ShmSpaceError",
+    "SegmentCollision",
     "RingExhausted",
     "DescriptorError",
     "SlotOwnershipError",
@@ -139,6 +142,20 @@ class ShmSpaceError(LoaderError):
         self.directory = directory
 
 
+class SegmentCollision(LoaderError):
+    """Every fresh segment name tried was already taken (or removed before the owner could lock it).
+
+    Names carry 64 random bits, so this means another process creates or removes files named like
+    ours in that directory. Attributes: ``directory``, ``name`` (the last name tried), ``attempts``.
+    """
+
+    def __init__(self, message: str, *, directory: str, name: str, attempts: int) -> None:
+        super().__init__(message)
+        self.directory = directory
+        self.name = name
+        self.attempts = attempts
+
+
 class RingExhausted(LoaderError):
     """Every slot is leased by the user and the ring may not grow past ``max_slots``."""
 
@@ -206,8 +223,9 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def format_indices(indices: Sequence[int] | None, limit: int = 12) -> str:
-    """Compact sample indices: runs become ``a..b``; long lists are cut with a count."""
+def format_indices(indices: Sequence[Any] | None, limit: int = 12) -> str:
+    """Compact sample indices: runs of consecutive integers become ``a..b``; long lists are cut
+    with a count. Anything that is not an integer (a float, a string key) prints as it is."""
     if indices is None:
         return "(iterable dataset: no sample indices)"
     items = list(indices)
@@ -215,17 +233,31 @@ def format_indices(indices: Sequence[int] | None, limit: int = 12) -> str:
         return "[]"
     parts: list[str] = []
     start = prev = items[0]
-    for value in items[1:] + [None]:  # type: ignore[list-item]
-        if value is not None and isinstance(prev, int) and value == prev + 1:
+    for value in items[1:] + [_END]:
+        if _is_index(prev) and _is_index(value) and value == prev + 1:
             prev = value
             continue
-        parts.append(f"{start}..{prev}" if prev != start else f"{start}")
-        if value is not None:
-            start = prev = value
+        parts.append(f"{_show(start)}..{_show(prev)}" if prev is not start else _show(start))
+        start = prev = value
     text = ", ".join(parts[:limit])
     if len(parts) > limit:
         text += f", ... ({len(items)} indices in all)"
     return f"[{text}]"
+
+
+_END = object()  # closes the last run
+
+
+def _is_index(value: Any) -> bool:
+    """An integer index (Python or numpy), not a bool: only these make ``a..b`` runs."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    """An integer as digits, another number as ``str`` (``1.0``), anything else as ``repr``."""
+    if _is_index(value):
+        return str(int(value))
+    return str(value) if isinstance(value, numbers.Number) and not isinstance(value, bool) else repr(value)
 
 
 def format_tasks(tasks: Mapping[int, Sequence[int] | None]) -> str:
@@ -249,19 +281,27 @@ def rebuild_worker_exception(
 
     The message starts as torch's does ("Caught KeyError in DataLoader worker process 2.") so
     users' greps keep working, then names the pid, task and sample indices. The original type is
-    kept when it can be built from one message string; otherwise a RuntimeError carries the text.
+    kept when it can be built from one message string; otherwise the nearest base class that can
+    (numpy's ``_ArrayMemoryError(shape, dtype)`` becomes a ``MemoryError``, so ``except
+    MemoryError`` still catches it); a RuntimeError carries the text when none can.
     """
     where = f"DataLoader worker process {worker_id}"
     facts = f" (pid {pid}" + (f", task {task}, sample indices {format_indices(indices)}" if task is not None else "") + ")"
     msg = f"Caught {type_name} in {where}{facts}.\nOriginal {traceback_text}"
-    if exc_type is KeyError:
-        return KeyError(_KeyErrorMessage(msg))
-    if exc_type is not None:
-        try:
-            return exc_type(msg)
+    for candidate in _exception_classes(exc_type):
+        try:  # KeyError (and its subclasses) quote their argument in str(): keep the text readable
+            return candidate(_KeyErrorMessage(msg) if issubclass(candidate, KeyError) else msg)
         except Exception:
-            pass
+            continue
     return RuntimeError(msg)
+
+
+def _exception_classes(exc_type: type[BaseException] | None) -> list[type[BaseException]]:
+    """``exc_type`` then its exception bases, nearest first, short of Exception/BaseException."""
+    if exc_type is None or not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+        return []
+    return [c for c in exc_type.__mro__
+            if issubclass(c, BaseException) and c not in (Exception, BaseException)]
 
 
 class _KeyErrorMessage(str):

@@ -107,6 +107,7 @@ class DataLoader(Generic[T_co]):
         slot_bytes: int | None = None,
         max_slots: int | None = None,
         shm_dir: str | None = None,
+        sweep: bool | None = None,
         on_worker_death: str | None = None,
         max_restarts: int | None = None,
         max_task_attempts: int | None = None,
@@ -318,7 +319,8 @@ class DataLoader(Generic[T_co]):
 
     def _make_ring(self) -> Ring:
         shm_dir = self._config.shm_dir
-        sweep_dead_segments(shm_dir)
+        if self._config.sweep:  # sweep=False / SHMLOADER_SWEEP=0: leave the directory alone
+            sweep_dead_segments(shm_dir)
         # One backend per loader; it registers each segment once and unregisters it before unmap.
         pin = self._pinner = pinning.backend_for(self)
         # A dropped batch's slot is reused only once the copies enqueued before the drop are done.

@@ -181,6 +181,7 @@ BAD_VALUES = [
     ("SHMLOADER_MAX_SLOTS", "many", "is not an integer (expected an integer >= 0)"),
     ("SHMLOADER_MAX_SLOTS", "-3", "is out of range (expected an integer >= 0)"),
     ("SHMLOADER_SHM_DIR", "/no/such/shm/dir", "is not an existing directory (expected an existing directory)"),
+    ("SHMLOADER_SWEEP", "never", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
     ("SHMLOADER_ON_WORKER_DEATH", "retry", "is not a worker-death policy (expected one of raise, restart)"),
     ("SHMLOADER_ON_WORKER_DEATH", "RAISE", "is not a worker-death policy (expected one of raise, restart)"),
     ("SHMLOADER_MAX_RESTARTS", "x", "is not an integer (expected an integer >= 0)"),
@@ -243,6 +244,7 @@ BAD_ARGUMENTS = [
     ("max_slots", True, "max_slots=True is not an integer"),
     ("shm_dir", "/no/such/shm/dir", "shm_dir='/no/such/shm/dir' is not an existing directory"),
     ("shm_dir", 3, "shm_dir=3 is not a path"),
+    ("sweep", 0, "sweep=0 is not a boolean"),
     ("on_worker_death", "ignore", "on_worker_death='ignore' is not a worker-death policy (expected one of raise, restart)"),
     ("on_worker_death", None, "on_worker_death=None is not a string"),
     ("max_restarts", -2, "max_restarts=-2 is out of range"),
@@ -350,3 +352,16 @@ def test_numpy_integers_are_accepted_as_integer_options():
 
     cfg = resolve_config({"max_slots": np.int64(8), "max_restarts": np.int32(2)}, environ={})
     assert cfg.max_slots == 8 and type(cfg.max_slots) is int and cfg.max_restarts == 2
+
+
+# -- the start-up sweep switch (issue 15) -----------------------------------------------------------
+
+
+def test_sweep_is_on_by_default_and_switched_off_by_variable_or_argument() -> None:
+    assert resolve_quiet({}, {}).sweep is True
+    off = resolve_quiet({}, {"SHMLOADER_SWEEP": "0"})
+    assert off.sweep is False and off.provenance["sweep"] == "environment"
+    on = resolve_quiet({"sweep": True}, {"SHMLOADER_SWEEP": "0"})
+    assert on.sweep is True and on.provenance["sweep"] == "argument"
+    row = next(r for r in describe(off) if r.name == "sweep")
+    assert row[:4] == ("sweep", False, "environment", "SHMLOADER_SWEEP")

@@ -176,11 +176,17 @@ def _check_layout(elem: Any, torch: Any) -> None:
 
 
 def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """numpy arrays in torch mode: one tensor (``torch.from_numpy`` of the stacked alloc array)."""
+    """numpy arrays in torch mode: one tensor (``torch.from_numpy`` of the stacked alloc array).
+
+    An array with a negative stride (``a[::-1]``) gets torch's ValueError, as ``default_collate``
+    gives it (``torch.as_tensor`` refuses such arrays); the numpy flavour still stacks them.
+    """
     elem = batch[0]
     check_array_dtype(elem, ctx)
     if len(set(map(type, batch))) > 1:  # not all arrays: torch converts each with as_tensor
         return _as_tensors(batch, ctx)
+    if any(min(sample.strides, default=0) < 0 for sample in batch):
+        return _as_tensors(batch, ctx)  # raises torch's own ValueError, for the first such sample
     if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
         # mixed dtypes follow torch's promotion; a refused dtype raises torch's own error
         return _as_tensors(batch, ctx)

@@ -7,10 +7,16 @@ then SIGTERM, then SIGKILL) and no open pipe, and reaps every child it started, 
 zombie; a worker is started the same way the first time and on a restart (same id, same seed,
 ``worker_init_fn`` re-run). A handle knows whether its worker has finished starting (``ready``), so
 a death during start-up is not blamed on the task that waited for it.
+
+A pool that fails part-way through ``start_all`` (EMFILE, a fork refused at the pid limit, Ctrl-C)
+is torn down by the same ``shutdown`` as a whole one: each worker joins ``workers`` the moment it
+has started, and the worker whose start failed is reaped (if it got as far as existing) and its
+pipes closed before the error leaves ``_start`` (issue 15).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -38,7 +44,6 @@ class WorkerHandle:
     outstanding: deque[tuple[int, int]] = field(default_factory=deque)  # (epoch, task)
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
-    generation: int = 0
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
 
     @property
@@ -67,46 +72,81 @@ class WorkerPool:
     def __init__(self, ctx: BaseContext, spec: worker_main.WorkerSpec, num_workers: int) -> None:
         self.ctx = ctx
         self.num_workers = num_workers
-        fork = ctx.get_start_method() == "fork"
-        if fork:
+        self._fork = ctx.get_start_method() == "fork"
+        if self._fork:
             self._payload: Any = spec
         else:
             import cloudpickle
 
             self._payload = cloudpickle.dumps(spec)
         self.workers: list[WorkerHandle] = []
-        self.restarts = 0
 
     def start_all(self) -> None:
-        self.workers = [self._start(i) for i in range(self.num_workers)]
+        """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
+        even when a later one fails to start."""
+        for worker_id in range(self.num_workers):
+            self.workers.append(self._start(worker_id))
 
-    def _start(self, worker_id: int, generation: int = 0) -> WorkerHandle:
+    def _start(self, worker_id: int) -> WorkerHandle:
+        """Start one worker; on any failure nothing of it is left (no process, no pipe end)."""
         task_r, task_w = self.ctx.Pipe(duplex=False)
-        res_r, res_w = self.ctx.Pipe(duplex=False)
-        process = self.ctx.Process(  # type: ignore[attr-defined]
-            target=worker_main.run,
-            args=(self._payload, worker_id, task_r, res_w, os.getpid()),
-            name=f"shmloader-worker-{worker_id}",
-            daemon=True,
-        )
-        process.start()
-        task_r.close()
-        res_w.close()
-        logger.info("worker %d started (pid %s)", worker_id, process.pid)
-        return WorkerHandle(worker_id, process, task_w, res_r, generation=generation)
+        try:
+            res_r, res_w = self.ctx.Pipe(duplex=False)
+        except BaseException:
+            _close(task_r, task_w)
+            raise
+        handle: WorkerHandle | None = None
+        try:
+            process = self.ctx.Process(  # type: ignore[attr-defined]
+                target=worker_main.run,
+                args=(self._payload, worker_id, task_r, res_w, os.getpid()),
+                name=f"shmloader-worker-{worker_id}",
+                daemon=True,
+            )
+            handle = WorkerHandle(worker_id, process, task_w, res_r)
+            self._launch(process)
+        except BaseException:
+            _close(task_r, res_w)
+            if handle is not None and handle.pid is not None:
+                _reap(handle)  # it exists (Ctrl-C after the fork): stopped and reaped like any worker
+            else:
+                _close(task_w, res_r)  # never forked (or too early to know its pid: it reads EOF, exits)
+            raise
+        _close(task_r, res_w)
+        logger.info("worker %d started (pid %s)", worker_id, handle.pid)
+        return handle
+
+    def _launch(self, process: Any) -> None:
+        """``process.start()``; under fork with the collector frozen, so the child never collects
+        (and never finalizes) the parent's cyclic garbage it inherited.
+
+        ``gc.freeze()`` moves every tracked object to the permanent generation, which the child
+        never scans; the parent thaws them right after the fork. Both are O(1) list splices:
+        0.23 us per freeze/unfreeze pair measured with torch and numpy imported (165,618 tracked
+        objects; 100 pairs), against milliseconds for the fork itself. Thawed objects land in the
+        oldest generation, so young garbage of that instant waits for the next full collection.
+        An application that froze objects itself (``gc.get_freeze_count() > 0``) is left alone:
+        unfreezing would thaw its objects too (the check walks the frozen objects: 17 ms for the
+        same 165,618, once per worker start, only in such an application). Defence in depth: the primary guard is that our
+        finalizers check ``ProcessOwner.here`` and do nothing in a forked child.
+        """
+        if not self._fork or gc.get_freeze_count():
+            process.start()
+            return
+        gc.freeze()
+        try:
+            process.start()
+        finally:
+            gc.unfreeze()
 
     def replace(self, worker_id: int) -> WorkerHandle:
         """Reap a dead worker and start its successor under the same id."""
         old = self.workers[worker_id]
         _reap(old)
-        self.restarts += 1
-        new = self._start(worker_id, old.generation + 1)
+        new = self._start(worker_id)
         self.workers[worker_id] = new
         logger.info("worker %d restarted (pid %s replaces %s)", worker_id, new.pid, old.pid)
         return new
-
-    def alive(self) -> list[WorkerHandle]:
-        return [w for w in self.workers if w.process.exitcode is None]
 
     def broadcast(self, msg: Any) -> None:
         for w in self.workers:
@@ -146,7 +186,11 @@ def _reap(w: WorkerHandle) -> None:
         p.join()
     else:
         p.join()
-    for conn in (w.tasks, w.results):
+    _close(w.tasks, w.results)
+
+
+def _close(*conns: Connection) -> None:
+    for conn in conns:
         try:
             conn.close()
         except OSError:

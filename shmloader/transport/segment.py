@@ -1,39 +1,71 @@
 """Shared-memory segments: one file in the shm directory, mapped once per process.
 
-Owns: the naming scheme (``shml_<ownerpid>_<token>_<serial>``, so a sweeper can tell a dead owner's
-leftovers), creation with the space reserved up front, registration with the standard library's
-resource tracker, and attaching without registering.
+Owns: the naming scheme (``shml_<ownerpid>_<16 random hex digits>``), creation with the space
+reserved up front and the owner's lock taken, registration with the standard library's resource
+tracker, and attaching without registering.
 
 Runs in both processes: the main process creates and unlinks (the only one that may); workers
 attach. Promises:
 
 - ``create`` reserves every byte with ``posix_fallocate``: a full ``/dev/shm`` is an ``OSError``
   at creation in the main process, never a SIGBUS in a worker writing to the slot later.
+- ``create`` leaves nothing behind when it fails: whatever fails after the file exists (space,
+  ``mmap`` at EMFILE/ENOMEM, registration, Ctrl-C), the file is removed and its descriptor closed.
+- Names cannot be guessed: 64 random bits per segment (``secrets``), so another local user cannot
+  pre-create the next name. A name that is taken anyway is retried with a fresh one, as
+  ``multiprocessing.shared_memory`` does, at most ``CREATE_ATTEMPTS`` times; then
+  :class:`~shmloader.errors.SegmentCollision` says where, which name, how many attempts.
 - A segment created in the default shm directory is registered with the resource tracker, so a
   SIGKILLed trainer leaves no entry behind; ``unlink`` unregisters it.
-- ``attach`` never registers (Python 3.11's tracker would unlink segments a worker merely used).
+- ``attach`` never registers (Python 3.11's tracker would unlink segments a worker merely used)
+  and takes no lock.
 - ``close`` unmaps unless views still point into the mapping; then the mapping lives until the
   last view is garbage-collected (the file is already gone after ``unlink``).
+
+The owner's lock (what makes the sweep safe across pid namespaces, issue 15): the creating
+process holds ``flock(LOCK_SH)`` on the file from creation until ``unlink``/``close``, through a
+descriptor the segment keeps open. A flock belongs to the open file description and vanishes when
+the last descriptor of it closes, which the kernel does when the owner dies however it dies, in
+whatever pid namespace it ran. A sweeper (:mod:`shmloader.transport.sweep`) removes a file only
+after taking ``LOCK_EX | LOCK_NB`` on it, which succeeds only when no owner holds it.
+
+- A process that forks inherits the descriptors, and with them the lock (the same open file
+  description; ``mmap`` keeps a duplicate of the descriptor it maps, so even a worker that closed
+  ours would hold it). A forked worker therefore keeps its dead parent's segments locked until
+  it exits. We accept that: workers exit when the main process dies (they watch it; on Linux
+  also ``PR_SET_PDEATHSIG``), and while such a child lives it maps the parent's segments anyway,
+  so their memory could not be freed by removing the files. Spawned and forkserver workers, and
+  any ``exec``, inherit nothing: the descriptors are non-inheritable.
+- A fresh file is visible before its owner has locked it. A sweeper that wins that race holds
+  ``LOCK_EX`` or has already removed the file; the owner, which never waits for the lock, then
+  drops the file and tries a fresh name.
+- Workers open the file by name with their own descriptor (another open file description),
+  take no lock and close the descriptor once mapped: they never prolong the owner's lock.
+- Costs one descriptor per segment for its life, besides the one ``mmap`` keeps. On a
+  filesystem without ``flock`` the segment is made unlocked, with one warning: only the pid check
+  then protects it from other sweepers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
+import fcntl
 import mmap
 import os
 import secrets
 from collections.abc import Iterator
 
-from shmloader.errors import ShmSpaceError
+from shmloader.errors import SegmentCollision, ShmSpaceError
+from shmloader.log import logger
 
 PREFIX = "shml_"
 DEFAULT_SHM_DIR = "/dev/shm"
 PAGE_BYTES = mmap.PAGESIZE
-
-_serial = itertools.count()
-_token = secrets.token_hex(3)
+CREATE_ATTEMPTS = 8  # fresh names tried before SegmentCollision; a random name collides only on purpose
+_RANDOM_BYTES = 8  # 64 bits: 16 hex digits per name
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_warned_unlocked: set[str] = set()
 
 
 def page_round(nbytes: int) -> int:
@@ -41,10 +73,14 @@ def page_round(nbytes: int) -> int:
     return max(PAGE_BYTES, -(-nbytes // PAGE_BYTES) * PAGE_BYTES)
 
 
+def _random_part() -> str:
+    return secrets.token_hex(_RANDOM_BYTES)
+
+
 def new_name(owner_pid: int | None = None) -> str:
-    """A fresh segment name that carries the owner pid."""
+    """A fresh, unpredictable segment name that carries the owner pid: ``shml_<pid>_<hex>``."""
     pid = os.getpid() if owner_pid is None else owner_pid
-    return f"{PREFIX}{pid}_{_token}_{next(_serial)}"
+    return f"{PREFIX}{pid}_{_random_part()}"
 
 
 _MAX_PID = (1 << 31) - 1  # a pid_t: a larger number in a name is not a pid (and would overflow psutil)
@@ -65,47 +101,69 @@ def owner_pid(name: str) -> int | None:
     return pid if 0 < pid <= _MAX_PID else None
 
 
+def same_file(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed, not replaced)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
 def _tracked(shm_dir: str) -> bool:
     return os.path.realpath(shm_dir) == os.path.realpath(DEFAULT_SHM_DIR)
 
 
 class Segment:
-    """One mapped shared-memory file. ``buf`` is the writable mapping."""
+    """One mapped shared-memory file. ``buf`` is the writable mapping.
 
-    __slots__ = ("name", "size_bytes", "path", "buf", "_tracked", "_owner", "__weakref__")
+    An owned segment (``create``) holds the owner's lock through ``_fd`` until ``unlink`` or
+    ``close``; an attached one (``attach``) holds no descriptor (``_fd`` is -1).
+    """
 
-    def __init__(self, name: str, size_bytes: int, path: str, buf: mmap.mmap, tracked: bool, owner: bool):
+    __slots__ = ("name", "size_bytes", "path", "buf", "_tracked", "_owner", "_fd", "__weakref__")
+
+    def __init__(self, name: str, size_bytes: int, path: str, buf: mmap.mmap, tracked: bool, owner: bool,
+                 fd: int = -1):
         self.name = name
         self.size_bytes = size_bytes
         self.path = path
         self.buf = buf
         self._tracked = tracked
         self._owner = owner
+        self._fd = fd
 
     @classmethod
     def create(cls, shm_dir: str, size_bytes: int) -> Segment:
-        """Create, reserve and map a new segment of at least ``size_bytes`` (page-rounded)."""
+        """Create, lock, reserve and map a new segment of at least ``size_bytes`` (page-rounded).
+
+        Raises OSError (ENOSPC from the reservation, EMFILE, ...) or SegmentCollision, and in
+        every case leaves no file and no descriptor behind.
+        """
         size = page_round(size_bytes)
-        name = new_name()
-        path = os.path.join(shm_dir, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        name, path, fd = _create_locked(shm_dir)
+        buf: mmap.mmap | None = None
+        registered = False
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError:
-                os.unlink(path)
-                raise
+            os.posix_fallocate(fd, 0, size)
             buf = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        tracked = _tracked(shm_dir)
-        if tracked:
-            _register(name)
-        return cls(name, size, path, buf, tracked, owner=True)
+            tracked = _tracked(shm_dir)
+            if tracked:
+                _register(name)
+                registered = True
+            return cls(name, size, path, buf, tracked, owner=True, fd=fd)
+        except BaseException:
+            if registered:
+                _unregister(name)
+            if buf is not None:
+                buf.close()
+            _discard(path, fd)
+            raise
 
     @classmethod
     def attach(cls, shm_dir: str, name: str, size_bytes: int) -> Segment:
-        """Map an existing segment (worker side). Never registers with the resource tracker."""
+        """Map an existing segment (worker side). Never registers, never locks, keeps no descriptor."""
         path = os.path.join(shm_dir, name)
         fd = os.open(path, os.O_RDWR)
         try:
@@ -115,7 +173,7 @@ class Segment:
         return cls(name, size_bytes, path, buf, tracked=False, owner=False)
 
     def unlink(self) -> None:
-        """Remove the file (owner only); the mapping stays valid for live views."""
+        """Remove the file (owner only), then release the lock; the mapping stays valid for live views."""
         if not self._owner:
             raise PermissionError(f"segment {self.name} is attached, not owned: only its owner unlinks it")
         try:
@@ -125,14 +183,84 @@ class Segment:
         if self._tracked:
             _unregister(self.name)
             self._tracked = False
+        self._release()
 
     def close(self) -> bool:
-        """Unmap now if nothing views the mapping; returns False when views keep it alive."""
+        """Release the lock and unmap now if nothing views the mapping; False when views keep it alive.
+
+        The owner unlinks first: a file closed but not unlinked is no longer locked.
+        """
+        self._release()
         try:
             self.buf.close()
             return True
         except BufferError:
             return False
+
+    def _release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _create_locked(shm_dir: str) -> tuple[str, str, int]:
+    """Create a file under a fresh name and take the owner's lock; returns (name, path, fd)."""
+    name = ""
+    for _ in range(CREATE_ATTEMPTS):
+        name = new_name()
+        path = os.path.join(shm_dir, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue  # taken (by chance, or by someone who listed the directory): a fresh name
+        if _lock(shm_dir, path, fd):
+            return name, path, fd
+    raise SegmentCollision(
+        f"could not create a shared-memory segment in {shm_dir}: each of {CREATE_ATTEMPTS} attempts "
+        f"found its fresh random name taken (or removed before it could be locked); the last was {name}. "
+        "Another process is creating or removing files named like ours (shml_<pid>_...) in that "
+        "directory. Give this job a directory of its own: SHMLOADER_SHM_DIR (shm_dir=).",
+        directory=shm_dir, name=name, attempts=CREATE_ATTEMPTS,
+    )
+
+
+def _lock(shm_dir: str, path: str, fd: int) -> bool:
+    """Take the owner's lock on a fresh file; False (file dropped, fd closed) when a sweeper got it first."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # never waits: a holder of LOCK_EX is removing it
+    except BlockingIOError:
+        _discard(path, fd)
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_FLOCK:
+            _discard(path, fd)
+            raise
+        _warn_unlocked(shm_dir, exc)
+        return True
+    except BaseException:
+        _discard(path, fd)
+        raise
+    if same_file(path, fd):
+        return True
+    os.close(fd)  # the file we locked is no longer at that path
+    return False
+
+
+def _warn_unlocked(shm_dir: str, exc: OSError) -> None:
+    if shm_dir not in _warned_unlocked:
+        _warned_unlocked.add(shm_dir)
+        logger.warning("cannot lock segment files in %s (%s): segments there are made unlocked, so a loader in "
+                       "another pid namespace sharing that directory could sweep them; give each its own "
+                       "SHMLOADER_SHM_DIR, or set SHMLOADER_SWEEP=0 for those loaders", shm_dir, exc.strerror)
+
+
+def _discard(path: str, fd: int) -> None:
+    """Remove our file (if the path still names it) and close its descriptor, in that order."""
+    try:
+        if same_file(path, fd):
+            os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 # -- out of space: one wording, whether found up front (preflight) or at creation -----------------
