@@ -14,7 +14,15 @@ side of the contract, the part a GPU run would otherwise be the first to exercis
 - dropping a batch records a fence event on the current stream;
 - the torch transfer copies on the side stream, records the event there, and the caller's stream
   waits on it before the batch is handed out;
-- cupy: the same registration contract, and its transfer fills device arrays with the batch.
+- cupy: the same registration contract, and its transfer fills device arrays with the batch;
+- numpy batches (``shmloader.DataLoader``) view registered memory, also when taken with
+  ``next(iter(loader))``.
+
+The mocks hold whether or not the machine has a real CUDA device (issue 13): garbage of earlier
+loaders is collected before the runtime is replaced, the runtime records only the segments this
+test created, every ``torch.cuda`` entry point a loader could reach is replaced, and the warning
+checks look only at shmloader's pinning warnings (Python 3.12 warns about forking a process that
+has threads, which a CUDA driver starts).
 
 The real thing runs in tests/test_gpu.py on a CUDA machine.
 """
@@ -36,7 +44,8 @@ import pytest
 import shmloader
 from shmloader.gpu import backends as pin_backends
 from shmloader.gpu import cudart, pinning
-from shmloader.gpu.backends import CupyBackend, TorchCudaBackend, segment_address
+from shmloader.gpu.backends import TorchCudaBackend, segment_address
+from shmloader.gpu.cupy_backend import CupyBackend
 from shmloader.transport.segment import PAGE_BYTES, Segment
 
 ROWS, COLS = 64, 8
@@ -56,18 +65,24 @@ class Status(int):
 
 @dataclass
 class FakeRuntime:
-    """Records the runtime calls; ``fail_register`` makes cudaHostRegister return that error."""
+    """Records the runtime calls; ``fail_register`` makes cudaHostRegister return that error.
+
+    Registrations of addresses outside ``ours`` (segments this test did not create: an earlier
+    loader's, collected late) are not recorded, when ``ours`` is given.
+    """
 
     log: list[tuple[Any, ...]] = field(default_factory=list)
     fail_register: int = 0
-    mapped: Any = None  # name -> Segment, to check the mapping is alive at unregister
+    ours: set[int] | None = None
 
     def cudaHostRegister(self, ptr: int, size: int, flags: int) -> Status:  # noqa: N802
-        self.log.append(("register", ptr, size, flags))
+        if self.ours is None or ptr in self.ours:
+            self.log.append(("register", ptr, size, flags))
         return Status(self.fail_register)
 
     def cudaHostUnregister(self, ptr: int) -> Status:  # noqa: N802
-        self.log.append(("unregister", ptr))
+        if self.ours is None or ptr in self.ours:
+            self.log.append(("unregister", ptr))
         return Status(0)
 
     def cudaGetErrorString(self, status: Any) -> str:  # noqa: N802
@@ -105,10 +120,20 @@ class FakeStream:
 
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
-    """torch.cuda as seen by the torch backend, with a recording runtime behind it."""
+    """torch.cuda as seen by the torch backend, with a recording runtime behind it (also on a
+    machine with a real CUDA device: see the module docstring)."""
     torch = pytest.importorskip("torch")
-    runtime = FakeRuntime()
+    gc.collect()  # an earlier loader's finalizers run now, against the real runtime (if any)
+    runtime = FakeRuntime(ours=set())
     log = runtime.log
+    create = Segment.create
+
+    def create_ours(*args: Any, **kwargs: Any) -> Segment:
+        segment = create(*args, **kwargs)
+        runtime.ours.add(segment_address(segment))  # type: ignore[union-attr]
+        return segment
+
+    monkeypatch.setattr(Segment, "create", staticmethod(create_ours))
     streams = {"current": FakeStream("default", log)}
 
     @contextlib.contextmanager
@@ -120,6 +145,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
             streams["current"] = saved
 
     cuda = torch.cuda
+    for name, stub in (("is_initialized", lambda: True), ("_lazy_init", lambda: None), ("init", lambda: None),
+                       ("current_device", lambda: 0), ("device_count", lambda: 1)):
+        monkeypatch.setattr(cuda, name, stub)  # nothing reaches a real device, if there is one
     monkeypatch.setattr(cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda, "cudart", lambda: runtime)
     monkeypatch.setattr(cuda, "synchronize", lambda device=None: log.append(("synchronize",)))
@@ -127,6 +155,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     monkeypatch.setattr(cuda, "Stream", lambda device=None, **kw: FakeStream("side", log))
     monkeypatch.setattr(cuda, "stream", stream)
     monkeypatch.setattr(cuda, "current_stream", lambda device=None: streams["current"])
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("record_stream", s)))
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True, raising=False)
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
     monkeypatch.setattr(pin_backends, "clear_last_error", lambda: log.append(("clear_last_error",)) or True)
@@ -137,6 +166,12 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
 
 def kinds(log: list[tuple[Any, ...]], *names: str) -> list[tuple[Any, ...]]:
     return [entry for entry in log if entry[0] in names]
+
+
+def pin_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """shmloader's pinning warnings among ``caught``: "no accelerator", or a failed registration."""
+    texts = [str(w.message) for w in caught]
+    return [t for t in texts if t == pinning.NO_ACCELERATOR or "could not pin slot memory" in t]
 
 
 @pytest.mark.timeout(60)
@@ -154,11 +189,13 @@ def test_each_segment_is_registered_once_with_its_address_size_and_flag(
     loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=2, pin_memory=True,
                                   persistent_workers=True)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # torch's "no accelerator" warning must not come
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             for _epoch in range(2):
                 for k, (x,) in enumerate(loader):
                     np.testing.assert_array_equal(x, expected(k))
+            del x  # held, its segment would stay pinned until dropped
+        assert pin_warnings(caught) == []  # neither "no accelerator" nor a failed registration
         assert isinstance(loader._pinner, TorchCudaBackend)
         segments = {s.segment.name: s.segment for s in loader._iterator._ring.slots}
     finally:
@@ -209,10 +246,10 @@ def test_a_failed_registration_warns_once_clears_the_error_and_stays_correct(fak
     fake_cuda.fail_register = 712
     loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=2, pin_memory=True)
     try:
-        with pytest.warns(RuntimeWarning) as caught:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             got = [x.copy() for (x,) in loader]
-        assert len(caught) == 1
-        text = str(caught[0].message)
+        (text,) = pin_warnings(caught)  # once, however many segments failed
         assert "cudaHostRegister returned cudaError 712" in text and "already mapped" in text
         assert "unpinned" in text
     finally:
@@ -243,19 +280,66 @@ def test_the_torch_transfer_copies_on_the_side_stream_and_the_caller_waits(fake_
     torch = pytest.importorskip("torch")
     loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True,
                                   persistent_workers=True)
+    backend = TorchCudaBackend()
+    # "cpu" stands in for a CUDA device: the copies are real, streams and events are the fakes'.
+    backend._target = lambda device: (torch.device("cpu"), True, None)  # type: ignore[method-assign]
     try:
-        # "cpu" stands in for the device: the copies are real, streams and events are the fakes'.
-        prefetcher = shmloader.to_device(loader, "cpu", transfer=TorchCudaBackend())
-        for k, (x,) in enumerate(prefetcher):
+        for k, (x,) in enumerate(shmloader.to_device(loader, "cuda", transfer=backend)):
             assert isinstance(x, torch.Tensor)
             np.testing.assert_array_equal(x.numpy(), expected(k))
-            copy_events = [e for e in kinds(fake_cuda.log, "record") if repr(e[2]) == "side"]
-            waits = kinds(fake_cuda.log, "wait")
-            assert len(waits) == k + 1 and waits[-1][1] == "default"
+            log = fake_cuda.log
+            copy_events = [e for e in kinds(log, "record") if repr(e[2]) == "side"]
+            waits = [e for e in kinds(log, "wait") if e[1] == "default"]
+            assert len(waits) == k + 1
             assert waits[-1][2] == copy_events[k][1]  # the caller waits on batch k's own event
             assert len(copy_events) == min(k + 2, ROWS // 8)  # batch k+1 is already on its way
+        # Before each copy the side stream waited for what the caller's stream had enqueued (its
+        # memory may reuse blocks the caller freed), so nothing needs record_stream afterwards.
+        ready = {e[2] for e in kinds(log, "wait") if e[1] == "side"}  # what the side stream waited on
+        flow = [("mark caller" if e[1] in ready and repr(e[2]) == "default" else "copy done") if e[0] == "record"
+                else "side waits" for e in kinds(log, "record", "wait")
+                if (e[0] == "record" and (e[1] in ready or repr(e[2]) == "side")) or e[1] == "side"]
+        assert flow == ["mark caller", "side waits", "copy done"] * (ROWS // 8)
+        assert kinds(log, "record_stream") == []
     finally:
         loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_numpy_batches_view_registered_memory(fake_cuda: FakeRuntime) -> None:
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    try:
+        it = iter(loader)
+        (x,) = next(it)
+        assert isinstance(x, np.ndarray) and registered_range(fake_cuda, x) is not None
+        del it
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_from_a_dropped_iterator_stays_registered_while_held(fake_cuda: FakeRuntime) -> None:
+    """``next(iter(loader))``: the iterator is dropped at once (tests/test_gpu.py's numpy test)."""
+    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    try:
+        (x,) = next(iter(loader))
+        gc.collect()
+        ptr = registered_range(fake_cuda, x)
+        assert ptr is not None and ("unregister", ptr) not in fake_cuda.log  # still pinned while held
+        del x
+        gc.collect()
+        assert ("unregister", ptr) in fake_cuda.log  # let go with the last view
+    finally:
+        loader.close()
+
+
+def registered_range(runtime: FakeRuntime, array: np.ndarray) -> int | None:
+    """The registered address whose range holds ``array``'s memory, or None."""
+    address = array.__array_interface__["data"][0]
+    for _kind, ptr, size, _flags in kinds(runtime.log, "register"):
+        if ptr <= address and address + array.nbytes <= ptr + size:
+            return int(ptr)
+    return None
 
 
 # -- cupy ---------------------------------------------------------------------------------------

@@ -8,21 +8,38 @@ whose fence has not completed is never handed to a worker (the ring grows instea
 soon as the fence completes; at ``max_slots`` the ring waits for the oldest fence rather than
 failing; a fence that cannot be recorded is logged, never raised from the finalizer; unpinned and
 mlock'd rings have no fence at all.
+
+And no fence, nor any other call into a backend, ever comes from a process other than the one that
+created the backend (issue 13): a forked worker that garbage-collects the parent's batches, leases
+or a device prefetcher makes no backend call, and a backend, its events and the prefetcher are
+inert there whoever calls them.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
 import logging
+import os
+import pickle
+import sys
+import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-
 from ring_helpers import OWNER, leased
+
 import shmloader
-from shmloader.gpu.fake import FakeBackend, FakeEvent
+from shmloader.gpu.backends import TorchCudaBackend, _TorchEvent
+from shmloader.gpu.cupy_backend import CupyBackend, _CupyEvent
+from shmloader.gpu.fake import FakeBackend, FakeEvent, read_journal
+from shmloader.gpu.mlock import MlockBackend
+from shmloader.gpu.owned import ForeignProcessError
+from shmloader.owner import ProcessOwner
 from shmloader.transport.ring import Ring, SlotState
+from shmloader.transport.segment import Segment
 
 PAGE = 4096
 
@@ -182,3 +199,186 @@ def test_no_fence_without_a_device_backend(backend: str, monkeypatch: pytest.Mon
             assert dl._iterator._ring._fence is None
         finally:
             dl.close()
+
+
+# -- ownership: nothing of the parent's acts in a forked child (issue 13) -----------------------
+
+
+def in_forked_child(body: Callable[[], Any]) -> Any:
+    """Run ``body`` in a child made by ``os.fork`` and return what it returned (pickled back).
+
+    The child never returns into pytest: it leaves with ``os._exit``. An exception in ``body`` is
+    re-raised here with the child's message.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_fd)
+        code = 0
+        try:
+            try:
+                payload = pickle.dumps(("ok", body()))
+            except BaseException as exc:  # report everything, then leave without unwinding
+                payload, code = pickle.dumps(("error", f"{type(exc).__name__}: {exc}")), 1
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(payload)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as result:
+        data = result.read()
+    os.waitpid(pid, 0)
+    status, value = pickle.loads(data)
+    if status != "ok":
+        raise AssertionError(f"the forked child failed: {value}")
+    return value
+
+
+class Recorder:
+    """Stands in for ``torch`` / ``cupy``: records every attribute reached, answers with itself."""
+
+    def __init__(self, log: list[str] | None = None, path: str = "") -> None:
+        self._log, self._path = (log if log is not None else []), path
+
+    def __getattr__(self, name: str) -> Recorder:
+        path = f"{self._path}.{name}".lstrip(".")
+        self._log.append(path)
+        return Recorder(self._log, path)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Recorder:
+        self._log.append(f"{self._path}()")
+        return self
+
+
+def _refused(call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except ForeignProcessError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(60)
+def test_every_backend_entry_point_is_inert_in_a_forked_child(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = str(tmp_path / "calls")
+    fake = FakeBackend(journal=journal, fences_done=False)
+    segment = Segment.create(str(tmp_path), PAGE)
+    fake.register_segment(segment)
+    torch_runtime, cupy_runtime = Recorder(), Recorder()
+    if importlib.util.find_spec("torch") is None:  # the backend imports torch when it is made
+        monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())
+    torch_backend = TorchCudaBackend()
+    torch_backend._torch = torch_runtime  # every torch call the backend makes lands in the log
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cupy_runtime.cuda))
+    cupy_backend = CupyBackend()
+    libc_calls: list[str] = []
+    libc = types.SimpleNamespace(mlock=lambda *a: libc_calls.append("mlock") or 0,
+                                 munlock=lambda *a: libc_calls.append("munlock") or 0)
+    mlock_backend = MlockBackend(libc=libc)
+    owner = ProcessOwner()
+    events = [FakeEvent(1), _TorchEvent(Recorder(torch_runtime._log), owner),
+              _CupyEvent(Recorder(cupy_runtime._log), owner)]
+    torch_runtime._log.clear()
+    cupy_runtime._log.clear()
+
+    def child() -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for backend in (fake, torch_backend, cupy_backend, mlock_backend):
+            name = backend.name
+            found[f"{name} fence"] = backend.fence()
+            found[f"{name} register"] = backend.register_segment(segment)
+            found[f"{name} unregister"] = backend.unregister_segment(segment)
+            if name != "mlock":  # the Transfer side
+                found[f"{name} wait"] = backend.wait((), events[0], "cuda")
+                found[f"{name} new_stream refused"] = _refused(lambda: backend.new_stream("cuda"))
+                found[f"{name} copy refused"] = _refused(lambda: backend.copy((), "cuda", None, True))
+        found["queries"] = [event.query() for event in events]  # True: nothing to wait for here
+        found["synchronize"] = [event.synchronize() for event in events]
+        found["fake state"] = (fake.registered == {segment.name: fake.registered.get(segment.name)},
+                               fake.fences, events[0].synchronized)
+        found["runtime calls"] = torch_runtime._log + cupy_runtime._log + libc_calls
+        return found
+
+    try:
+        found = in_forked_child(child)
+    finally:
+        fake.unregister_segment(segment)
+        segment.unlink()
+        segment.close()
+    assert found.pop("runtime calls") == []  # not one accelerator (or libc) call in the child
+    assert found.pop("queries") == [True, True, True]
+    assert found.pop("fake state") == (True, [], False)
+    refused = {k: v for k, v in found.items() if k.endswith("refused")}
+    assert refused and all(refused.values())
+    assert all(v is None for k, v in found.items() if not k.endswith("refused") and k != "synchronize")
+    by_pid: dict[int, list[str]] = {}
+    for call in read_journal(journal):
+        by_pid.setdefault(call.pid, []).append(call.kind + (" (inert)" if call.inert else ""))
+    child_calls = [calls for pid, calls in by_pid.items() if pid != os.getpid()]
+    assert by_pid[os.getpid()] == ["register", "unregister"]
+    assert child_calls == [["fence (inert)", "register (inert)", "unregister (inert)", "wait (inert)",
+                            "stream (inert)", "copy (inert)"]]
+
+
+@pytest.mark.timeout(60)
+def test_a_prefetcher_inherited_mid_epoch_is_inert_in_a_forked_child(fake: FakeBackend, tmp_path: Any) -> None:
+    fake.journal = str(tmp_path / "calls")
+    dl = loader()
+    try:
+        moved = shmloader.to_device(dl, "cpu", max_held=8)
+        steps = iter(moved)
+        next(steps)  # batch 0 held (its copy unfinished), batch 1 read ahead and copying
+
+        def child() -> tuple[int, bool]:
+            steps.close()  # what a worker's garbage collector does to the inherited generator
+            gc.collect()
+            return len(moved.held), any(e.synchronized for e in fake.events)
+
+        held, synchronized = in_forked_child(child)
+        assert held == 1 and not synchronized  # nothing drained, nothing waited for, in the child
+        assert {c.pid for c in read_journal(fake.journal)} == {os.getpid()}
+        for event in fake.events:
+            event.complete()
+        assert sum(1 for _ in steps) == ROWS // 8 - 1  # the parent's epoch goes on unharmed
+    finally:
+        dl.close()
+
+
+def collect_garbage(worker_id: int) -> None:
+    """worker_init_fn: collect the garbage the worker inherited from the parent (issue 13)."""
+    gc.collect()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("garbage", ["batches", "prefetcher"])
+def test_no_backend_call_comes_from_a_worker_collecting_inherited_garbage(
+        fake: FakeBackend, tmp_path: Any, garbage: str) -> None:
+    """Issue 13's repro on a CPU: a pinned loader's batches (or a prefetcher stopped mid-epoch)
+    left in a reference cycle; a second loader forks workers that collect it at start."""
+    fake.journal = str(tmp_path / "calls")
+    data = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
+    first = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2, pin_memory=True,
+                                 multiprocessing_context="fork")
+    if garbage == "batches":
+        held: Any = list(first)
+    else:  # batches held by the prefetcher, its copies unfinished
+        held = iter(shmloader.to_device(first, "cpu", max_held=64))
+        next(held)
+    cycle: list[Any] = [held]
+    cycle.append(cycle)
+    gc.disable()  # the garbage must still be there when the second loader forks its workers
+    try:
+        del held, cycle, first
+        second = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2,
+                                      worker_init_fn=collect_garbage, multiprocessing_context="fork")
+        assert sum(len(x) for (x,) in second) == 256
+        second.close()
+    finally:
+        gc.enable()
+    for event in fake.events:
+        event.complete()
+    gc.collect()  # the main process collects the same garbage: its calls come from here
+    calls = read_journal(fake.journal)
+    assert any(c.kind in ("fence", "unregister") for c in calls)  # the garbage reached the backend
+    from_workers = [c for c in calls if c.pid != os.getpid()]
+    assert from_workers == [], f"{len(from_workers)} of {len(calls)} backend calls came from worker pids"

@@ -212,7 +212,9 @@ def test_pin_backend_is_called_from_the_main_process_only(tmp_path: Path) -> Non
     main_pid = int(proc.stdout.split()[-1])
     calls = [line.split() for line in log.read_text().splitlines()]
     kinds = {kind for _pid, kind in calls}
-    assert {"register_segment", "unregister_segment", "fence"} <= kinds, kinds  # the hooks were reached
+    # the hooks were reached (no fence: A's ring closed while its batches were held, so each lease
+    # unregisters its lingering segment, which synchronises the device, when it dies)
+    assert {"register_segment", "unregister_segment"} <= kinds, kinds
     foreign = Counter(kind for pid, kind in calls if int(pid) != main_pid)
     assert not foreign, f"{sum(foreign.values())} of {len(calls)} calls came from worker pids: {dict(foreign)}"
     assert proc.stderr.count("Traceback") == 0, stderr_summary(proc.stderr)

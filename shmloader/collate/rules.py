@@ -159,15 +159,17 @@ def stack_into(batch: Sequence[Any], out: np.ndarray) -> np.ndarray:
     """Stack equally shaped arrays along a new first axis into ``out``, in one pass.
 
     ``np.concatenate`` into a flattened view costs about half of ``np.stack``, which expands
-    every sample first. The view is made by setting ``shape``, which raises instead of copying,
-    so the write can never land in a temporary.
+    every sample first. The view comes from ``reshape``, which copies when the first two axes
+    cannot merge; such a copy shares no memory with ``out`` and is never written: ``np.stack``
+    writes into ``out`` instead, so the write can never land in a temporary. (Assigning
+    ``flat.shape``, which raised instead of copying, is deprecated since numpy 2.5.)
     """
-    if out.ndim <= 1:
-        np.stack(batch, out=out)
-        return out
-    flat = out.view()
-    flat.shape = (out.shape[0] * out.shape[1], *out.shape[2:])
-    np.concatenate(batch, axis=0, out=flat)
+    if out.ndim > 1:
+        flat = out.reshape(out.shape[0] * out.shape[1], *out.shape[2:])
+        if np.may_share_memory(flat, out):
+            np.concatenate(batch, axis=0, out=flat)
+            return out
+    np.stack(batch, out=out)
     return out
 
 

@@ -14,22 +14,26 @@ implementations:
   wait on that event". Events answer ``query()`` and ``synchronize()``.
 
 :class:`TorchCudaBackend` (``cudaHostRegister`` through torch's CUDA runtime bindings) and
-:class:`CupyBackend` (``cupy.cuda.runtime.hostRegister``) implement both; :class:`MlockBackend`
-(best-effort ``mlock`` without a GPU) only pins. The fake backend for CI is in ``gpu.fake``.
+``gpu.cupy_backend`` (``cupy.cuda.runtime.hostRegister``) implement both; ``gpu.mlock`` (best-effort
+``mlock`` without a GPU) only pins. The fake backend for CI is in ``gpu.fake``.
 
 Runs in the main process only: a CUDA context belongs to one process, so workers never pin.
+Every backend and every event it hands out belongs to the process that created it
+(``gpu.owned``): in any other process — a forked worker collecting inherited garbage — its entry
+points do nothing (``fence`` gives None, an event's ``query`` True) and explicit device work
+(``copy``, ``new_stream``) raises ``ForeignProcessError``; no accelerator call is ever made there.
 Promises: each segment is registered at most once and unregistered at most once, and only what
 was registered is unregistered; ``unregister_segment`` never raises (the ring calls it while it
-closes); a failed registration warns once and leaves the batch correct but unpinned. Importing
-this module imports neither torch nor cupy.
+closes); a failed registration warns once and leaves the batch correct but unpinned. The torch
+transfer allocates each batch's device memory on the caller's stream and calls no
+``record_stream``, so freeing a moved batch never needs the device (not even in a forked child).
+Importing this module imports neither torch nor cupy. Also here: the helpers every backend
+uses (``map_batch``, ``iter_leaves``, ``as_tensor``, ``segment_address``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
-import os
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
@@ -37,10 +41,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from shmloader.gpu.cudart import clear_last_error
+from shmloader.gpu.owned import Owned, owner_only
 from shmloader.log import logger
+from shmloader.owner import ProcessOwner
 from shmloader.transport.segment import Segment
 
-_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, as torch uses
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, as torch uses
 
 
 class Event(Protocol):
@@ -78,43 +84,71 @@ def segment_address(segment: Segment) -> int:
         del probe
 
 
+_ROLES: dict[type, str] = {}  # a type's role in a nested batch, decided once per type
+
+
+def _role(kind: type) -> str:
+    """"atom" (str, bytes: kept whole), "mapping", "namedtuple", "sequence" or "leaf"."""
+    role = _ROLES.get(kind)
+    if role is None:
+        if issubclass(kind, (str, bytes)):
+            role = "atom"
+        elif issubclass(kind, Mapping):
+            role = "mapping"
+        elif issubclass(kind, tuple) and hasattr(kind, "_fields"):
+            role = "namedtuple"
+        elif issubclass(kind, (list, tuple)):
+            role = "sequence"
+        else:
+            role = "leaf"
+        _ROLES[kind] = role
+    return role
+
+
 def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
     """Apply ``leaf`` to every non-container value of a nested batch, keeping its structure.
 
     Dicts (and other mappings), lists, tuples and namedtuples are rebuilt with their own type
-    where it accepts it (torch's pin_memory does the same), else as dict / list.
+    where it accepts it (torch's pin_memory does the same), else as dict / list; strings and bytes
+    are kept whole. Runs once per batch per device copy, so each type's role is looked up, not
+    re-derived (an ``isinstance`` against ``Mapping`` costs more than the whole lookup).
     """
-    if isinstance(batch, (str, bytes)):
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        return kind([map_batch(v, leaf) for v in batch])
+    if kind is dict:
+        return {k: map_batch(v, leaf) for k, v in batch.items()}
+    role = _role(kind)
+    if role == "leaf":
+        return leaf(batch)
+    if role == "atom":
         return batch
-    if isinstance(batch, Mapping):
+    if role == "namedtuple":
+        return kind(*(map_batch(v, leaf) for v in batch))
+    if role == "mapping":
         items = {k: map_batch(v, leaf) for k, v in batch.items()}
         try:
-            return type(batch)(items)  # type: ignore[call-arg]
+            return kind(items)
         except TypeError:
             return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(map_batch(v, leaf) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        items_list = [map_batch(v, leaf) for v in batch]
-        try:
-            return type(batch)(items_list)
-        except TypeError:
-            return items_list
-    return leaf(batch)
+    items_list = [map_batch(v, leaf) for v in batch]
+    try:
+        return kind(items_list)
+    except TypeError:
+        return items_list
 
 
 def iter_leaves(batch: Any) -> Iterator[Any]:
     """Every value ``map_batch`` would apply its ``leaf`` to, in its order; builds no container."""
-    if isinstance(batch, (str, bytes)):
-        return
-    if isinstance(batch, Mapping):
+    role = _role(type(batch))
+    if role == "leaf":
+        yield batch
+    elif role == "mapping":
         for value in batch.values():
             yield from iter_leaves(value)
-    elif isinstance(batch, (list, tuple)):
+    elif role != "atom":
         for value in batch:
             yield from iter_leaves(value)
-    else:
-        yield batch
 
 
 def as_tensor(leaf: Any) -> Any:
@@ -129,32 +163,25 @@ def as_tensor(leaf: Any) -> Any:
     return leaf
 
 
-def leaf_to(leaf: Any, device: str, non_blocking: bool) -> Any:
-    """One leaf moved: a numpy array as a tensor first (``as_tensor``), a tensor ``.to(device)``,
-    anything else as is."""
-    leaf = as_tensor(leaf)
-    torch = sys.modules.get("torch")  # a tensor means torch is imported
-    if torch is not None and isinstance(leaf, torch.Tensor):
-        return leaf.to(device, non_blocking=non_blocking)
-    return leaf
-
-
-def _cuda_index(device: str) -> int:
+def cuda_index(device: str) -> int:
     """The index of "cuda:N"; 0 for "cuda" (or any other device)."""
     head, _, index = device.partition(":")
     return int(index) if head == "cuda" and index else 0
 
 
-class _RegisteringBackend:
-    """Book-keeping shared by the backends: what is registered, at which address."""
+class RegisteringBackend(Owned):
+    """Book-keeping shared by the backends: what is registered, at which address. Every entry
+    point that reaches the device is inert outside the creating process (``gpu.owned``)."""
 
     name = "base"
     device_pinned = True
 
     def __init__(self) -> None:
+        super().__init__()
         self.registered: dict[str, int] = {}
         self.warned = False  # a failed registration warns once per backend
 
+    @owner_only()
     def register_segment(self, segment: Segment) -> None:
         if segment.name in self.registered:
             return
@@ -168,10 +195,11 @@ class _RegisteringBackend:
                 self.warned = True
                 warnings.warn(f"shmloader could not pin slot memory with the {self.name} backend ({problem}); "
                               "batches stay correct but unpinned, so device copies are not asynchronous.",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=4)
             return
         self.registered[segment.name] = address
 
+    @owner_only()
     def unregister_segment(self, segment: Segment) -> None:
         address = self.registered.pop(segment.name, None)
         if address is None:
@@ -184,9 +212,11 @@ class _RegisteringBackend:
             logger.debug("%s backend: unpinning segment %s failed: %s", self.name, segment.name, problem)
 
     def finish(self, batch: Any) -> Any:
-        """Slot-backed arrays are already pinned (their pages are registered): nothing to copy."""
+        """Slot-backed arrays are already pinned (their pages are registered): nothing to copy.
+        Touches no device, so it needs no guard."""
         return batch
 
+    @owner_only()
     def fence(self) -> Event | None:
         """No device reads the slot asynchronously: it is reusable at once."""
         return None
@@ -198,7 +228,31 @@ class _RegisteringBackend:
         raise NotImplementedError
 
 
-class TorchCudaBackend(_RegisteringBackend):
+class _SideStream:
+    """The torch transfer's stream for one epoch, with the event it marks the caller's stream with."""
+
+    __slots__ = ("raw", "ready")
+
+    def __init__(self, raw: Any, ready: Any) -> None:
+        self.raw, self.ready = raw, ready
+
+
+class _TorchEvent(Owned):
+    """A ``torch.cuda.Event`` that answers only in the process that recorded it."""
+
+    def __init__(self, raw: Any, owner: ProcessOwner) -> None:
+        self._owner, self.raw = owner, raw
+
+    @owner_only(True)
+    def query(self) -> bool:
+        return bool(self.raw.query())
+
+    @owner_only()
+    def synchronize(self) -> None:
+        self.raw.synchronize()
+
+
+class TorchCudaBackend(RegisteringBackend):
     """``cudaHostRegister`` / ``cudaHostUnregister`` through ``torch.cuda.cudart()``."""
 
     name = "torch"
@@ -208,6 +262,7 @@ class TorchCudaBackend(_RegisteringBackend):
         import torch
 
         self._torch = torch
+        self._devices: dict[str, tuple[Any, bool, int | None]] = {}  # see _target
 
     @staticmethod
     def usable() -> bool:
@@ -216,7 +271,7 @@ class TorchCudaBackend(_RegisteringBackend):
         return bool(torch.cuda.is_available())
 
     def _pin(self, address: int, nbytes: int) -> str | None:
-        status = self._torch.cuda.cudart().cudaHostRegister(address, nbytes, _HOST_REGISTER_PORTABLE)
+        status = self._torch.cuda.cudart().cudaHostRegister(address, nbytes, HOST_REGISTER_PORTABLE)
         return None if int(status) == 0 else self._failed("cudaHostRegister", status)
 
     def _unpin(self, address: int, nbytes: int) -> str | None:
@@ -235,152 +290,69 @@ class TorchCudaBackend(_RegisteringBackend):
             text = "no description"
         return f"{call} returned cudaError {int(status)} ({text})"
 
+    @owner_only()
     def fence(self) -> Event:
         """An event on the current stream: it completes after every copy enqueued there so far."""
         event = self._torch.cuda.Event()
         event.record()
-        return event  # type: ignore[no-any-return]
-
-    # -- Transfer ----------------------------------------------------------------------------
-    def new_stream(self, device: str) -> Any:
-        return self._torch.cuda.Stream(device=self._torch.device(device))
-
-    def copy(self, batch: Any, device: str, stream: Any, non_blocking: bool) -> tuple[Any, Event]:
-        torch = self._torch
-        with torch.cuda.stream(stream):
-            moved = map_batch(batch, lambda x: leaf_to(x, device, non_blocking))
-            event = torch.cuda.Event()
-            event.record(stream)
-        return moved, event
-
-    def wait(self, moved: Any, event: Event, device: str) -> None:
-        torch = self._torch
-        current = torch.cuda.current_stream(torch.device(device))
-        current.wait_event(event)
-        for leaf in iter_leaves(moved):
-            if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
-                leaf.record_stream(current)  # made on the side stream, used on the caller's
-
-
-class CupyBackend(_RegisteringBackend):
-    """``cupy.cuda.runtime.hostRegister``; its transfers yield cupy arrays."""
-
-    name = "cupy"
-
-    def __init__(self) -> None:
-        super().__init__()
-        import cupy
-
-        self._cupy = cupy
-
-    @staticmethod
-    def usable() -> bool:
-        try:
-            import cupy
-
-            return int(cupy.cuda.runtime.getDeviceCount()) > 0
-        except Exception:
-            return False
-
-    def _pin(self, address: int, nbytes: int) -> str | None:
-        try:
-            self._cupy.cuda.runtime.hostRegister(address, nbytes, _HOST_REGISTER_PORTABLE)
-        except Exception as exc:  # cupy raises CUDARuntimeError
-            return str(exc)
-        return None
-
-    def _unpin(self, address: int, nbytes: int) -> str | None:
-        self._cupy.cuda.Device().synchronize()
-        self._cupy.cuda.runtime.hostUnregister(address)
-        return None
-
-    def fence(self) -> Event:
-        """An event on cupy's current stream (see :meth:`TorchCudaBackend.fence`)."""
-        return _CupyEvent(self._cupy.cuda.get_current_stream().record())
+        return _TorchEvent(event, self._owner)
 
     def _device(self, device: str) -> Any:
-        """The cupy device for "cuda:N" (device 0 for "cuda"), a context manager."""
-        return self._cupy.cuda.Device(_cuda_index(device))
+        return self._target(device)[0]
+
+    def _target(self, device: str) -> tuple[Any, bool, int | None]:
+        """``device`` parsed once: (torch.device, whether it is a CUDA device, its index or None)."""
+        target = self._devices.get(device)
+        if target is None:
+            parsed = self._torch.device(device)
+            target = self._devices[device] = (parsed, parsed.type == "cuda", parsed.index)
+        return target
 
     # -- Transfer ----------------------------------------------------------------------------
-    def new_stream(self, device: str) -> Any:
-        with self._device(device):
-            return self._cupy.cuda.Stream(non_blocking=True)
+    @owner_only(refuse=True)
+    def new_stream(self, device: str) -> _SideStream:
+        return _SideStream(self._torch.cuda.Stream(device=self._device(device)), self._torch.cuda.Event())
 
+    @owner_only(refuse=True)
     def copy(self, batch: Any, device: str, stream: Any, non_blocking: bool) -> tuple[Any, Event]:
-        cupy = self._cupy
-        with self._device(device):
-            # cupy has no record_stream: the side stream waits for what the caller enqueued so
-            # far, so memory freed by an earlier batch is not overwritten while still in use.
-            stream.wait_event(cupy.cuda.get_current_stream().record())
-            with stream:
-                moved = map_batch(batch, lambda x: self._leaf(x, stream if non_blocking else None))
-            event = stream.record()
-        return moved, _CupyEvent(event)
+        """Every tensor leaf (numpy arrays first become tensors) copied on ``stream``.
 
-    def _leaf(self, leaf: Any, stream: Any) -> Any:
-        if hasattr(leaf, "numpy") and hasattr(leaf, "is_pinned"):
-            leaf = leaf.numpy()
-        if not isinstance(leaf, np.ndarray) or leaf.dtype.hasobject:
-            return leaf
-        out = self._cupy.empty(leaf.shape, dtype=leaf.dtype)
-        out.set(np.ascontiguousarray(leaf), stream=stream)
-        return out
+        The device memory is allocated on the caller's current stream, and ``stream`` first waits
+        for what that stream has enqueued so far (memory freed by an earlier batch may still be in
+        use there): so the caller needs no ``record_stream``, and freeing a moved batch later never
+        calls into CUDA (cupy's transfer works the same way).
+        """
+        torch = self._torch
+        target, to_cuda, index = self._target(device)
+        pairs: list[tuple[Any, Any]] = []
 
+        def allocate(leaf: Any) -> Any:
+            leaf = as_tensor(leaf)
+            if not isinstance(leaf, torch.Tensor):
+                return leaf
+            if to_cuda:  # a leaf already on a CUDA device stays there unless another index is named
+                there = leaf.is_cuda and (index is None or leaf.get_device() == index)
+            else:
+                there = leaf.device == target
+            if there:
+                return leaf
+            out = torch.empty_like(leaf, device=target)
+            pairs.append((out, leaf))
+            return out
+
+        moved = map_batch(batch, allocate)
+        side = stream.raw
+        if pairs:  # one event, recorded again each time: a wait captures the latest record
+            stream.ready.record(torch.cuda.current_stream(target))
+            side.wait_event(stream.ready)
+        with torch.cuda.stream(side):
+            for out, leaf in pairs:
+                out.copy_(leaf, non_blocking=non_blocking)
+            event = torch.cuda.Event()
+            event.record(side)
+        return moved, _TorchEvent(event, self._owner)
+
+    @owner_only()
     def wait(self, moved: Any, event: Event, device: str) -> None:
-        with self._device(device):
-            self._cupy.cuda.get_current_stream().wait_event(event.raw)  # type: ignore[attr-defined]
-
-
-class _CupyEvent:
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-
-    def query(self) -> bool:
-        return bool(self.raw.done)
-
-    def synchronize(self) -> None:
-        self.raw.synchronize()
-
-
-class MlockBackend(_RegisteringBackend):
-    """Best-effort page lock with libc ``mlock``/``munlock`` (no device; for CPU-side latency).
-
-    Locked pages are not pinned for a device (``device_pinned`` is False). EPERM/ENOMEM — an
-    ``RLIMIT_MEMLOCK`` smaller than the ring — warn once and leave the rest unlocked.
-    """
-
-    name = "mlock"
-    device_pinned = False
-
-    def __init__(self, libc: Any = None) -> None:
-        super().__init__()
-        self._libc = libc if libc is not None else ctypes.CDLL(None, use_errno=True)
-        for fn in (self._libc.mlock, self._libc.munlock):
-            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
-
-    def _pin(self, address: int, nbytes: int) -> str | None:
-        if self._libc.mlock(address, nbytes) == 0:
-            return None
-        err = ctypes.get_errno()
-        if err in (errno.EPERM, errno.ENOMEM):
-            return f"mlock: {os.strerror(err)}; {memlock_limit_text()}"
-        return f"mlock: {os.strerror(err)}"
-
-    def _unpin(self, address: int, nbytes: int) -> str | None:
-        if self._libc.munlock(address, nbytes) == 0:
-            return None
-        return f"munlock: {os.strerror(ctypes.get_errno())}"
-
-
-def memlock_limit_text() -> str:
-    """RLIMIT_MEMLOCK in words, with how to raise it."""
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    except (ImportError, OSError):
-        return "RLIMIT_MEMLOCK is unknown here"
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
-    return (f"RLIMIT_MEMLOCK is {limit}: raise it (ulimit -l unlimited, memlock in limits.conf, "
-            "docker --ulimit memlock=-1) to lock the whole ring")
+        raw: Any = getattr(event, "raw", event)  # ours wraps torch's event
+        self._torch.cuda.current_stream(self._device(device)).wait_event(raw)

@@ -4,7 +4,7 @@ Owns the selection of a pin backend for a loader (:func:`select`, :func:`backend
 built-in answer to the ``shmloader_pin_backend`` hook (:func:`builtin_pin_backend` and
 :class:`BuiltinPinPlugin`, which the plugin manager registers like any plugin), the
 ``SHMLOADER_PIN_BACKEND`` variable, and torch's "no accelerator" warning. The backends themselves
-live in ``gpu.backends`` (torch, cupy, mlock) and ``gpu.fake`` (CI).
+live in ``gpu.backends`` (torch), ``gpu.cupy_backend``, ``gpu.mlock`` and ``gpu.fake`` (CI).
 
 Runs in the main process only. Promises:
 
@@ -34,13 +34,9 @@ from typing import Any
 
 from shmloader.config import register_variable
 from shmloader.errors import ConfigError
-from shmloader.gpu.backends import (
-    CupyBackend,
-    MlockBackend,
-    PinBackend,
-    TorchCudaBackend,
-    Transfer,
-)
+from shmloader.gpu.backends import PinBackend, TorchCudaBackend, Transfer
+from shmloader.gpu.cupy_backend import CupyBackend
+from shmloader.gpu.mlock import MlockBackend
 
 __all__ = [
     "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",

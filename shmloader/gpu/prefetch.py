@@ -12,7 +12,9 @@ handed back to a worker before the copy has finished (``event.query()``; ``synch
 when more than ``max_held`` copies are unfinished, or at the end of an epoch / when the caller
 stops early).
 
-Runs in the main process, in the caller's thread. The stream and event work goes through a
+Runs in the main process, in the caller's thread, and belongs to the process that created it: in a
+forked child that inherits a prefetcher mid-epoch (and collects it), releasing and draining do
+nothing, so no event is queried or synchronised there (``gpu.owned``). The stream and event work goes through a
 :class:`~shmloader.gpu.backends.Transfer`: for a CUDA device, the loader's pin backend when it is
 one (torch, cupy) else torch's CUDA transfer; the fake backend (which drives all of this on a CPU
 in CI) for any device; else a plain synchronous ``.to(device)`` (e.g. "cpu", whatever the backend).
@@ -27,13 +29,15 @@ copied just before each look-ahead read); save that one (docs/resume.md).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from shmloader import state as _state
-from shmloader.gpu.backends import Event, Transfer, leaf_to, map_batch
+from shmloader.gpu.backends import Event, Transfer, as_tensor, map_batch
+from shmloader.gpu.owned import Owned, owner_only
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -51,13 +55,46 @@ def to_device(loader: Iterable[Any], device: Any, non_blocking: bool = True, *,
     return DevicePrefetcher(loader, device, non_blocking, transfer=transfer, max_held=max_held)
 
 
-@dataclass(eq=False)
 class _Copy:
     """One batch in flight: its source (which holds the slot lease), its copy and the event."""
 
-    source: Any
-    moved: Any
-    event: Event
+    __slots__ = ("source", "moved", "event")
+
+    def __init__(self, source: Any, moved: Any, event: Event) -> None:
+        self.source, self.moved, self.event = source, moved, event
+
+
+class _Mark:
+    """Where the loader's epoch stood before a look-ahead read: enough to rebuild its record.
+
+    Taken once per batch, so it copies only what changes during an epoch (the delivered tasks,
+    the count yielded, whether it finished); the record itself is rebuilt only by ``state_dict``.
+    """
+
+    __slots__ = ("save", "record", "low", "above", "yielded", "finished")
+
+    def __init__(self, save: Callable[[_state.EpochRecord], dict[str, Any]], record: _state.EpochRecord) -> None:
+        delivered = record.delivered
+        self.save, self.record, self.low = save, record, delivered.low
+        self.above = tuple(delivered.above) if delivered.above else ()
+        self.yielded, self.finished = record.yielded, record.finished
+
+    def state(self) -> dict[str, Any]:
+        delivered = _state.TaskSet()
+        delivered.low = self.low
+        delivered.above.update(self.above)
+        record = replace(self.record, delivered=delivered, yielded=self.yielded, finished=self.finished)
+        return self.save(record)
+
+
+def leaf_to(leaf: Any, device: str, non_blocking: bool) -> Any:
+    """One leaf moved: a numpy array as a tensor first (``as_tensor``), a tensor ``.to(device)``,
+    anything else as is."""
+    leaf = as_tensor(leaf)
+    torch = sys.modules.get("torch")  # a tensor means torch is imported
+    if torch is not None and isinstance(leaf, torch.Tensor):
+        return leaf.to(device, non_blocking=non_blocking)
+    return leaf
 
 
 class _SyncTransfer:
@@ -102,22 +139,27 @@ def transfer_for(source: Any, device: str) -> Transfer:
     return _SyncTransfer()
 
 
-class DevicePrefetcher:
-    """Iterable over a loader's batches on a device; see the module docstring for the protocol."""
+class DevicePrefetcher(Owned):
+    """Iterable over a loader's batches on a device; see the module docstring for the protocol.
+
+    Owns the batches it has read but whose copies may still read their slots (``held``, and the
+    one read ahead) and, during an epoch, the stream it copies on.
+    """
 
     def __init__(self, source: Iterable[Any], device: Any, non_blocking: bool = True, *,
                  transfer: Transfer | None = None, max_held: int = MAX_HELD) -> None:
         if max_held < 0:
             raise ValueError(f"max_held must be non-negative, got {max_held}")
+        super().__init__()
         self.source = source
         self.device = str(device)
         self.non_blocking = non_blocking
         self.max_held = max_held
         self._transfer = transfer
         self.held: deque[_Copy] = deque()  # yielded batches whose copy may still read their slot
-        # The loader and its epoch record as they were before the latest look-ahead read (None:
-        # no epoch under way here, the loader's own state is right).
-        self._saved: tuple[Any, _state.EpochRecord] | None = None
+        # Where the loader's epoch stood before the latest look-ahead read (None: no epoch under
+        # way here, the loader's own state is right).
+        self._mark: _Mark | None = None
 
     def __len__(self) -> int:
         return len(self.source)  # type: ignore[arg-type]
@@ -128,43 +170,44 @@ class DevicePrefetcher:
     def state_dict(self) -> dict[str, Any]:
         """The loader's ``state_dict()`` as of the batch the caller last received (not the one
         already read ahead); load it with ``loader.load_state_dict`` (docs/resume.md)."""
-        if self._saved is not None:
-            return _state.loader_state(*self._saved)
+        if self._mark is not None:
+            return self._mark.state()
         state_dict = getattr(self.source, "state_dict", None)
         if not callable(state_dict):
             raise TypeError(f"{type(self.source).__name__} has no state_dict(): only a loader's position can be saved")
         return state_dict()  # type: ignore[no-any-return]
 
     def _run(self) -> Iterator[Any]:
-        self._saved = None
+        self._mark = None
         batches = iter(self.source)  # first: a loader picks its pin backend when it starts
         transfer = self._transfer or transfer_for(self.source, self.device)
         stream = transfer.new_stream(self.device)
         pending: deque[_Copy] = deque()
+        save = getattr(batches, "state_of", None)  # a loader's iterator: its state as of a record
+        device, held, wait = self.device, self.held, transfer.wait
         try:
-            self._start(batches, transfer, stream, pending)
+            self._start(batches, transfer, stream, pending, save)
             while pending:
                 current = pending.popleft()
-                self._start(batches, transfer, stream, pending)  # batch k+1 copies during k's work
-                transfer.wait(current.moved, current.event, self.device)
-                moved, current.moved = current.moved, None
-                self.held.append(current)
+                self._start(batches, transfer, stream, pending, save)  # k+1 copies during k's work
+                moved = current.moved
+                wait(moved, current.event, device)
+                current.moved = None
+                held.append(current)
                 del current
                 self._release_finished()
                 yield moved
-            self._saved = None  # the epoch ended: the loader's state (the next epoch's start) is right
+                del moved
+            self._mark = None  # the epoch ended: the loader's state (the next epoch's start) is right
         finally:
             self._drain(pending)
 
-    def _snapshot(self, batches: Iterator[Any]) -> None:
-        """Copy the loader's epoch record: what it has delivered (and yielded) before the next read."""
-        record = getattr(batches, "_record", None)
-        if isinstance(record, _state.EpochRecord):
-            delivered = _state.TaskSet.from_ranges(record.delivered.to_ranges())
-            self._saved = (getattr(batches, "_loader", self.source), replace(record, delivered=delivered))
-
-    def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[_Copy]) -> None:
-        self._snapshot(batches)
+    def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[_Copy],
+               save: Callable[[_state.EpochRecord], dict[str, Any]] | None) -> None:
+        """Read the next batch and enqueue its copy; first mark where the loader's epoch stood."""
+        record = getattr(batches, "_record", None)  # a loader's iterator keeps its epoch record
+        if save is not None and isinstance(record, _state.EpochRecord):
+            self._mark = _Mark(save, record)
         try:
             source = next(batches)
         except StopIteration:
@@ -172,6 +215,7 @@ class DevicePrefetcher:
         moved, event = transfer.copy(source, self.device, stream, self.non_blocking)
         pending.append(_Copy(source, moved, event))
 
+    @owner_only()
     def _release_finished(self) -> None:
         """Drop the sources whose copies have finished; wait for the oldest past ``max_held``."""
         held = self.held
@@ -180,8 +224,10 @@ class DevicePrefetcher:
         while len(held) > self.max_held:
             held.popleft().event.synchronize()
 
+    @owner_only()
     def _drain(self, pending: deque[_Copy]) -> None:
-        """End of the epoch or an early stop: every copy finishes before its slot is let go."""
+        """End of the epoch or an early stop: every copy finishes before its slot is let go.
+        Inert in a process that inherited this prefetcher (its copies are not this process's)."""
         for copy in (*self.held, *pending):
             copy.event.synchronize()
         self.held.clear()

@@ -74,12 +74,16 @@ Fence = Callable[[], Any]  # returns an event (``query()``, ``synchronize()``) o
 
 
 def _on_release(released: deque[tuple[int, int, Any]], fence: Fence | None, slot_id: int, serial: int,
-                creator: ProcessOwner) -> None:
+                creator: ProcessOwner, lingering: dict[int, Segment], on_retire: SegmentHook | None) -> None:
     """The lease's finalizer (any thread): queue the slot, with a fence event when pinned.
 
     Inert outside the creating process: a forked worker collecting an inherited batch must not
     record a device fence (CUDA is not initialised there) nor touch the parent's queue."""
     if not creator.here:
+        return
+    segment = lingering.pop(slot_id, None)
+    if segment is not None:  # the ring closed while this batch was held: retire its segment now,
+        _retire_lingering(segment, on_retire)  # while the dying lease still keeps it mapped
         return
     event = None
     if fence is not None:
@@ -88,6 +92,17 @@ def _on_release(released: deque[tuple[int, int, Any]], fence: Fence | None, slot
         except Exception as exc:  # never raise in a finalizer; the slot is then reused unfenced
             logger.warning("could not fence slot %d after its batch was dropped: %s", slot_id, exc)
     released.append((slot_id, serial, event))
+
+
+def _retire_lingering(segment: Segment, on_retire: SegmentHook | None) -> None:
+    """Unpin a segment unlinked at close() whose last view is dying, then let it unmap (the mapping
+    goes when the lease's buffer does, right after its finalizer). Never raises."""
+    if on_retire is not None:
+        try:
+            on_retire(segment)
+        except Exception as exc:
+            logger.warning("could not unpin segment %s after its last batch was dropped: %s", segment.name, exc)
+    segment.close()
 
 
 class Ring:
@@ -115,6 +130,8 @@ class Ring:
         self.created_total = 0
         self.closed = False
         self._creator = ProcessOwner()
+        self._leases: dict[int, weakref.finalize] = {}  # slot id -> its latest lease's finalizer
+        self._lingering: dict[int, Segment] = {}  # unlinked at close, retired when the lease dies
 
     # -- counts --------------------------------------------------------------------------
     def count(self, state: SlotState) -> int:
@@ -171,7 +188,8 @@ class Ring:
         slot.lease_serial += 1
         buf = (ctypes.c_char * slot.size_bytes).from_buffer(slot.segment.buf)
         finalizer = weakref.finalize(buf, _on_release, self._released, self._fence, slot.id, slot.lease_serial,
-                                     self._creator)
+                                     self._creator, self._lingering, self._on_retire)
+        self._leases[slot.id] = finalizer
         finalizer.atexit = False  # nothing to return to a ring at interpreter exit
         return buf
 
@@ -246,7 +264,11 @@ class Ring:
             return
         self.closed = True
         for slot in self.slots:
-            self._retire(slot.segment)  # the pin backend synchronises before it unpins
+            lease = self._leases.get(slot.id)
+            if slot.state is SlotState.LEASED and lease is not None and lease.alive:
+                self._linger(slot)
+            else:
+                self._retire(slot.segment)  # the pin backend synchronises before it unpins
         self.slots.clear()
         self._free.clear()
         self._cooling.clear()
@@ -264,6 +286,17 @@ class Ring:
                 segment.close()
                 raise
         return segment
+
+    def _linger(self, slot: Slot) -> None:
+        """The user still views this slot: unlink it now, unpin and unmap it when its lease dies
+        (the lease's finalizer does), so a batch held past close() stays pinned while it lives."""
+        segment = slot.segment
+        self._lingering[slot.id] = segment
+        segment.unlink()
+        self.retired_names.append(segment.name)
+        lease = self._leases[slot.id]
+        if not lease.alive and self._lingering.pop(slot.id, None) is not None:  # died meanwhile
+            _retire_lingering(segment, self._on_retire)
 
     def _retire(self, segment: Segment) -> None:
         if self._on_retire is not None:
