@@ -8,8 +8,9 @@ messages, ``len()`` rules, immutability of ``batch_size, batch_sampler, sampler,
 persistent_workers`` after construction, and a fresh sampler iteration each epoch.
 
 ``shmloader.DataLoader`` is numpy-native (numpy in, numpy out; tensors in, tensors out).
-``shmloader.torch.DataLoader`` is the same class with ``_to_torch = True``: it returns exactly what
-torch's ``default_collate`` returns.
+``shmloader.torch.DataLoader`` (shmloader/torch/loader.py) subclasses this class and torch's
+DataLoader, sets ``_to_torch = True`` (it returns exactly what torch's ``default_collate`` returns)
+and overrides ``_default_sampler``/``_default_batch_sampler`` to make torch's own samplers.
 """
 
 from __future__ import annotations
@@ -141,14 +142,9 @@ class DataLoader(Generic[T_co]):
         if batch_sampler is not None:
             batch_size, drop_last = None, False
         if sampler is None:
-            if self._is_iterable:
-                sampler = _InfiniteConstantSampler()
-            elif shuffle:
-                sampler = RandomSampler(dataset, generator=generator)
-            else:
-                sampler = SequentialSampler(dataset)
+            sampler = self._default_sampler(dataset, shuffle, generator)
         if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+            batch_sampler = self._default_batch_sampler(sampler, batch_size, drop_last)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
@@ -166,6 +162,19 @@ class DataLoader(Generic[T_co]):
         self._IterableDataset_len_called: int | None = None
         self.__initialized = True
         self.check_worker_number_rationality()
+
+    # -- default samplers: shmloader's here; the torch flavour makes torch's own -----------------
+    def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Sampler | Iterable:
+        """The sampler made when none is given (torch's rule: infinite / random / sequential)."""
+        if self._is_iterable:
+            return _InfiniteConstantSampler()
+        if shuffle:
+            return RandomSampler(dataset, generator=generator)
+        return SequentialSampler(dataset)
+
+    def _default_batch_sampler(self, sampler: Any, batch_size: int, drop_last: bool) -> Sampler | Iterable:
+        """The batch sampler made when ``batch_size`` is given and ``batch_sampler`` is not."""
+        return BatchSampler(sampler, batch_size, drop_last)
 
     # -- validation (torch's order, types and messages) -----------------------------------------
     @property

@@ -164,12 +164,20 @@ def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], 
 
 
 def peeked(it: Iterator[Any]) -> Iterator[Any]:
-    """Take the sampler's first item now, so its first draw happens while the epoch starts."""
+    """Take the sampler's first item now, so its first draw happens while the epoch starts.
+
+    The rest is read with ``next()`` only, as torch reads a sampler iterator: ``chain`` would call
+    ``iter()`` on it again, and an iterator whose ``__iter__`` restarts it (Lightning's
+    ``_IndexBatchSamplerWrapper`` for ``predict``) would then yield its first batch twice.
+    """
     try:
         first = next(it)
     except StopIteration:
         return iter(())
-    return itertools.chain((first,), it)
+    return itertools.chain((first,), iter(it.__next__, _NEVER_YIELDED))
+
+
+_NEVER_YIELDED = object()  # the sentinel of iter(callable, sentinel): only StopIteration ends it
 
 
 # -- saving --------------------------------------------------------------------------------------
