@@ -4,7 +4,7 @@ Owns: the command line (argument parsing, output, exit codes). Runs in its own p
 ``config`` prints each option's effective value, its source (argument, environment, default) and
 its variable, or JSON with ``--json``; ``doctor`` prints findings with remedies and exits 1 when
 one is a problem (see :mod:`shmloader.cli.doctor`); ``bench`` hands the rest of the command line to
-``shmloader.cli.bench.main``. A bad ``SHMLOADER_*`` value exits 2 with the error's message. torch is
+``shmloader.cli.bench.main`` (``bench --train``: the end-to-end training benchmark). A bad ``SHMLOADER_*`` value exits 2 with the error's message. torch is
 imported only by ``doctor`` (to report it) and by whatever ``bench`` needs.
 """
 
@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("--json", action="store_true", help="print JSON: option -> value, source, variable")
     doctor.add_arguments(commands.add_parser(
         "doctor", help="check the machine against what a loader needs (exit 1 on a problem)"))
-    commands.add_parser("bench", help="run benchmarks (options: python -m shmloader bench --help)", add_help=False)
+    commands.add_parser("bench", help="shmloader vs torch's DataLoader, medians of repeated rounds "
+                        "(options: bench --help; training benchmark: bench --train --help)", add_help=False)
     return parser
 
 

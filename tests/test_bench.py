@@ -1,7 +1,8 @@
 """Tests of ``python -m shmloader bench``: its workloads, its report, and whole runs.
 
 Whole runs start a fresh interpreter, as a user would, and read the JSON document on stdout. No test
-asserts on speed: only that every field is there and every rate is positive.
+asserts on speed: only that every field is there, every rate is positive, and that the statistics
+over the rounds (medians, ranges, ratios of medians, the '!' flag) follow from the recorded rounds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ import pytest
 
 import shmloader
 from shmloader.cli import bench
-from shmloader.cli.report import Measurement, compute_ratios, format_results
+from shmloader.cli.copylimit import measure_copy_limit
+from shmloader.cli.measure import count_children
+from shmloader.cli.records import (
+    SPREAD_LIMIT,
+    Measurement,
+    Spread,
+    compare_loaders,
+    summarize,
+    summarize_loaders,
+)
+from shmloader.cli.report import format_results
 from shmloader.cli.workloads import (
     PAGE_BYTES,
     WORKLOADS,
@@ -31,10 +42,12 @@ RUN_MAIN = "import sys, shmloader.cli.bench as b; sys.exit(b.main(sys.argv[1:]))
 HAS_SHMLOADER_LOADER = hasattr(shmloader, "DataLoader")
 RESULT_FIELDS = {
     "workload", "num_workers", "loader", "batch_size", "batch_bytes", "batches", "seconds",
-    "first_batch_s", "leftover_children", "error", "batches_per_s", "gb_per_s",
+    "first_batch_s", "leftover_children", "error", "batches_per_s", "gb_per_s", "cpu_s",
+    "cpu_s_per_batch", "round_index", "position",
 }  # fmt: skip
 HEADER_FIELDS = {"cpu_count", "affinity_cpus", "python", "numpy", "torch", "shmloader",
-                 "start_method", "device"}  # fmt: skip
+                 "start_method", "device", "repeat", "spread_rule", "copy_limit_processes"}  # fmt: skip
+DOCUMENT_KEYS = {"header", "results", "summaries", "ratios", "copy_limit", "h2d"}
 
 def _torch_installed() -> bool:
     try:
@@ -67,6 +80,7 @@ def run_json(*args: str) -> tuple[int, dict[str, Any], str]:
 
 
 def assert_valid_results(doc: dict[str, Any], loaders: set[str], workers: set[int]) -> None:
+    assert set(doc) == DOCUMENT_KEYS
     assert HEADER_FIELDS <= set(doc["header"])
     assert doc["header"]["cpu_count"] >= 1
     results = doc["results"]
@@ -77,7 +91,14 @@ def assert_valid_results(doc: dict[str, Any], loaders: set[str], workers: set[in
         assert r["error"] is None, r["error"]
         assert r["batches"] == 20
         assert r["batches_per_s"] > 0 and r["gb_per_s"] > 0 and r["first_batch_s"] > 0
+        assert r["cpu_s"] > 0 and r["cpu_s_per_batch"] == pytest.approx(r["cpu_s"] / 20)
         assert r["leftover_children"] == 0
+    rounds = doc["header"]["repeat"]
+    assert {r["round_index"] for r in results} == set(range(rounds))
+    for s in doc["summaries"]:
+        assert s["rounds"] == rounds and s["failed_rounds"] == 0
+        rate = s["batches_per_s"]
+        assert rate["n"] == rounds and rate["low"] <= rate["median"] <= rate["high"]
 
 
 # --- whole runs ----------------------------------------------------------------------------------
@@ -87,23 +108,34 @@ def assert_valid_results(doc: dict[str, Any], loaders: set[str], workers: set[in
 @pytest.mark.timeout(180)
 def test_torch_only_run_reports_every_field() -> None:
     rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "0",
-                               "--no-shmloader")  # fmt: skip
+                               "--no-shmloader", "--repeat", "1")  # fmt: skip
     assert rc == 0, stderr
     assert_valid_results(doc, {"torch"}, {0})
     assert doc["ratios"] == [] and doc["h2d"] == []
+    assert doc["copy_limit"] == {"runs": [], "summaries": []}  # it bounds shmloader's rows only
     assert "batches/s" in stderr  # the human table moved to stderr
+    assert "One round: no spread was measured" in stderr
 
 
 @needs_torch
 @needs_shmloader_loader
 @pytest.mark.timeout(180)
-def test_side_by_side_run_reports_ratios() -> None:
-    rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "0")
+def test_side_by_side_rounds_alternate_and_ratios_are_ratios_of_medians() -> None:
+    rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "0",
+                               "--repeat", "3")  # fmt: skip
     assert rc == 0, stderr
     assert_valid_results(doc, {"shmloader", "torch"}, {0})
+    order = [(r["round_index"], r["position"], r["loader"]) for r in doc["results"]]
+    assert order == [(0, 0, "shmloader"), (0, 1, "torch"), (1, 0, "torch"), (1, 1, "shmloader"),
+                     (2, 0, "shmloader"), (2, 1, "torch")]  # fmt: skip
     (ratio,) = doc["ratios"]
     assert ratio["workload"] == "tiny" and ratio["num_workers"] == 0
-    assert ratio["batches_per_s_ratio"] > 0 and ratio["first_batch_ratio"] > 0
+    rates = {name: sorted(r["batches_per_s"] for r in doc["results"] if r["loader"] == name)
+             for name in ("shmloader", "torch")}  # fmt: skip
+    assert ratio["batches_per_s_ratio"] == pytest.approx(rates["shmloader"][1] / rates["torch"][1])
+    assert ratio["first_batch_ratio"] > 0 and len(ratio["round_ratios"]) == 3
+    assert "(higher=better)" in stderr and "(lower=better)" in stderr
+    assert "vs torch (first)" not in stderr
 
 
 @needs_shmloader_loader
@@ -111,13 +143,22 @@ def test_side_by_side_run_reports_ratios() -> None:
 def test_run_with_one_worker() -> None:
     loaders = ("--no-torch",) if not _torch_installed() else ()
     rc, doc, stderr = run_json("--workloads", "tiny", "--batches", "20", "--workers", "1",
-                               *loaders)  # fmt: skip
+                               "--repeat", "2", *loaders)  # fmt: skip
     shm = [r for r in doc["results"] if r["loader"] == "shmloader"]
     if shm and shm[0]["error"] is not None:
         pytest.skip(f"shmloader with num_workers>0 failed: {shm[0]['error']}")
     assert rc == 0, stderr
     assert_valid_results(doc, {r["loader"] for r in doc["results"]}, {1})
     assert "shmloader" in {r["loader"] for r in doc["results"]}
+    # The copy limit ran once per round with max(--workers) = 1 process; shmloader's row is a fraction of it.
+    runs = doc["copy_limit"]["runs"]
+    assert [(r["workload"], r["processes"], r["round_index"]) for r in runs] == [("tiny", 1, 0), ("tiny", 1, 1)]
+    assert all(r["error"] is None and r["batches"] == 20 and r["batches_per_s"] > 0 for r in runs)
+    (limit,) = doc["copy_limit"]["summaries"]
+    (summary,) = [s for s in doc["summaries"] if s["loader"] == "shmloader"]
+    expected = summary["batches_per_s"]["median"] / limit["batches_per_s"]["median"]
+    assert summary["copy_limit_fraction"] == pytest.approx(expected)
+    assert "copy limit: np.stack" in stderr
 
 
 @pytest.mark.timeout(180)
@@ -127,7 +168,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         pytest.skip("neither loader is available")
     which = () if HAS_SHMLOADER_LOADER else ("--no-shmloader",)
     png = tmp_path / "bench.png"
-    proc = run_bench("--workloads", "tiny", "--batches", "5", "--workers", "0",
+    proc = run_bench("--workloads", "tiny", "--batches", "5", "--workers", "0", "--repeat", "2",
                      "--plot", str(png), *which)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -155,6 +196,9 @@ def test_device_cuda_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) ->
         ["--batches", "0"],
         ["--no-torch", "--no-shmloader"],
         ["--start-method", "thread"],
+        ["--repeat", "0"],
+        ["--repeat", "three"],
+        ["--workers", ","],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,6 +215,9 @@ def test_per_workload_default_batches() -> None:
     opts = bench.parse_args([])
     assert [w.name for w in opts.workloads] == ["tiny", "image", "big"]
     assert opts.workers == (0, 2) and opts.start_method == "fork"
+    assert opts.repeat >= 3 and opts.copy_limit and opts.copy_limit_processes == 2
+    assert bench.parse_args(["--no-copy-limit"]).copy_limit_processes == 0
+    assert bench.parse_args(["--no-shmloader"]).copy_limit_processes == 0
     assert opts.batches_for(WORKLOADS["big"]) == WORKLOADS["big"].default_batches
     assert bench.parse_args(["--batches", "7"]).batches_for(WORKLOADS["big"]) == 7
 
@@ -197,13 +244,14 @@ def test_side_by_side_flow_with_a_stand_in_loader(
 ) -> None:
     closed: list[bool] = []
     monkeypatch.setattr(shmloader, "DataLoader", _fake_shmloader_class(closed), raising=False)
-    rc = bench.main(["--workloads", "tiny", "--batches", "20", "--workers", "0", "--json"])
+    rc = bench.main(["--workloads", "tiny", "--batches", "20", "--workers", "0", "--json",
+                     "--repeat", "2"])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err
     doc = json.loads(out)
     assert_valid_results(doc, {"shmloader", "torch"}, {0})
     assert len(doc["ratios"]) == 1 and doc["ratios"][0]["batches_per_s_ratio"] > 0
-    assert closed == [True]  # close() is called once per measurement
+    assert closed == [True, True]  # close() is called once per measurement
 
 
 @needs_torch
@@ -213,13 +261,18 @@ def test_a_failing_loader_is_reported_and_the_run_goes_on(
     closed: list[bool] = []
     fake = _fake_shmloader_class(closed, fail=True)
     monkeypatch.setattr(shmloader, "DataLoader", fake, raising=False)
-    rc = bench.main(["--workloads", "tiny", "--batches", "5", "--workers", "0", "--json"])
+    rc = bench.main(["--workloads", "tiny", "--batches", "5", "--workers", "0", "--json",
+                     "--repeat", "1"])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 1
-    results = {r["loader"]: r for r in json.loads(out)["results"]}
+    doc = json.loads(out)
+    results = {r["loader"]: r for r in doc["results"]}
     assert results["shmloader"]["error"] == "RuntimeError: engine exploded"
     assert results["torch"]["error"] is None and results["torch"]["batches_per_s"] > 0
     assert "engine exploded" in err and closed == [True]
+    summaries = {s["loader"]: s for s in doc["summaries"]}
+    assert summaries["shmloader"]["failed_rounds"] == 1 and summaries["shmloader"]["batches_per_s"] is None
+    assert doc["ratios"] == []
 
 
 def test_importing_the_benchmark_does_not_import_torch() -> None:
@@ -283,25 +336,128 @@ def test_touch_batch_handles_strided_arrays_and_tensors() -> None:
 # --- report --------------------------------------------------------------------------------------
 
 
-def _measurement(loader: str, seconds: float, first_s: float, error: str | None = None) -> Measurement:
-    return Measurement("tiny", 2, loader, 64, 4608, 100, seconds, first_s, 0, error)
+def _measurement(loader: str, seconds: float, first_s: float, error: str | None = None,
+                 round_index: int = 0, cpu_s: float = 0.01) -> Measurement:  # fmt: skip
+    return Measurement("tiny", 2, loader, 64, 4608, 100, seconds, first_s, 0, error, cpu_s, round_index)
+
+
+def _rounds(loader: str, seconds: list[float], first_s: float = 0.1) -> list[Measurement]:
+    return [_measurement(loader, t, first_s, round_index=r) for r, t in enumerate(seconds)]
 
 
 def test_ratios_divide_shmloader_by_torch() -> None:
     results = [_measurement("shmloader", 1.0, 0.1), _measurement("torch", 2.0, 0.4)]
-    (ratio,) = compute_ratios(results)
+    (ratio,) = compare_loaders(results)
     assert ratio.batches_per_s_ratio == pytest.approx(2.0)
     assert ratio.first_batch_ratio == pytest.approx(0.25)
     assert "2.00x" in format_results(results)
 
 
+def test_ratios_are_ratios_of_medians_with_each_rounds_ratio() -> None:
+    # shmloader: 100 batches in 1, 2 and 4 s (100, 50, 25 batches/s); torch: 10 batches/s each round.
+    results = _rounds("shmloader", [1.0, 2.0, 4.0]) + _rounds("torch", [10.0, 10.0, 10.0], first_s=0.2)
+    (ratio,) = compare_loaders(results)
+    assert ratio.batches_per_s_ratio == pytest.approx(5.0)  # median 50 / median 10
+    assert ratio.first_batch_ratio == pytest.approx(0.5)
+    assert ratio.round_ratios == pytest.approx((10.0, 5.0, 2.5))
+    assert ratio.wide  # shmloader's range 25-100 around 50 is 150% of its median
+
+
+def test_spread_rule() -> None:
+    narrow = summarize([100.0, 110.0, 120.0])
+    assert narrow == Spread(110.0, 100.0, 120.0, 3)
+    assert narrow.relative == pytest.approx(20 / 110) and not narrow.wide
+    edge = Spread(100.0, 100.0 - 100 * SPREAD_LIMIT / 2, 100.0 + 100 * SPREAD_LIMIT / 2, 3)
+    assert not edge.wide  # the rule is strictly "above" the limit
+    assert Spread(100.0, 80.0, 110.0, 3).wide
+    assert summarize([5.0]) == Spread(5.0, 5.0, 5.0, 1) and summarize([5.0]).relative is None  # type: ignore[union-attr]
+    assert summarize([]) is None
+
+
+def test_summaries_leave_failed_rounds_out() -> None:
+    results = _rounds("shmloader", [1.0, 2.0]) + [_measurement("shmloader", 0.0, 0.0, "RuntimeError: x", 2)]
+    (summary,) = summarize_loaders(results)
+    assert summary.rounds == 3 and summary.failed_rounds == 1
+    assert summary.batches_per_s == Spread(75.0, 50.0, 100.0, 2)
+    assert summary.cpu_s_per_batch is not None and summary.cpu_s_per_batch.median == pytest.approx(1e-4)
+    text = format_results(results)
+    assert "(1 failed)" in text and "round 3: RuntimeError: x" in text
+
+
+def test_a_wide_spread_is_flagged_in_the_table_with_a_footnote() -> None:
+    wide = _rounds("shmloader", [1.0, 2.0, 4.0]) + _rounds("torch", [10.0, 10.5, 11.0])
+    text = format_results(wide)
+    shm_row = next(line for line in text.splitlines() if line.startswith("tiny") and "shmloader" in line)
+    torch_row = next(line for line in text.splitlines() if line.startswith("tiny") and "torch" in line)
+    # 50 / (100 / 10.5); the rounds' own ratios are 10, 5.25 and 2.75
+    assert "150% !" in shm_row and "5.25x (2.75-10.00) !" in shm_row
+    assert "!" not in torch_row and "10%" in torch_row
+    assert "! spread too wide to trust" in text
+    narrow = format_results(_rounds("shmloader", [1.0, 1.1, 1.05]) + _rounds("torch", [10.0, 10.5, 11.0]))
+    assert "!" not in narrow
+
+
+def test_a_drift_that_both_loaders_share_leaves_the_ratio_trusted() -> None:
+    # The machine slows down 4x over the run, for both loaders alike: each round's ratio is 10.
+    results = _rounds("shmloader", [1.0, 2.0, 4.0]) + _rounds("torch", [10.0, 20.0, 40.0])
+    (ratio,) = compare_loaders(results)
+    assert ratio.round_ratios == pytest.approx((10.0, 10.0, 10.0)) and not ratio.wide
+    shm_row = next(line for line in format_results(results).splitlines() if "shmloader" in line)
+    assert "150% !" in shm_row and "10.00x (10.00-10.00)" in shm_row and "10.00x (10.00-10.00) !" not in shm_row
+
+
+def test_table_labels_the_direction_of_each_ratio() -> None:
+    text = format_results(_rounds("shmloader", [1.0]) + _rounds("torch", [2.0]))
+    header = "\n".join(text.splitlines()[:2])
+    assert "rate ratio (rounds' min-max)" in header and "(higher=better)" in header
+    assert "first-batch time ratio" in header and "(lower=better)" in header
+    assert "main CPU" in header and "One round: no spread was measured" in text
+
+
 def test_failed_measurement_is_reported_not_divided() -> None:
     results = [_measurement("shmloader", 0.0, 0.0, error="RuntimeError: boom"),
                _measurement("torch", 2.0, 0.4)]  # fmt: skip
-    assert compute_ratios(results) == []
+    assert compare_loaders(results) == []
     assert results[0].batches_per_s == 0.0
     text = format_results(results)
     assert "failed" in text and "RuntimeError: boom" in text
+
+
+def test_round_order_alternates() -> None:
+    assert bench.round_order(("shmloader", "torch"), 0) == ("shmloader", "torch")
+    assert bench.round_order(("shmloader", "torch"), 1) == ("torch", "shmloader")
+    assert bench.round_order(("torch",), 1) == ("torch",)
+
+
+def test_plot_draws_median_bars_with_min_max_error_bars(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from shmloader.cli.plot import write_plot
+
+    results = _rounds("shmloader", [1.0, 2.0, 4.0]) + _rounds("torch", [10.0, 10.5, 11.0])
+    png = tmp_path / "p.png"
+    fig = write_plot(results, str(png), "test", out=open(tmp_path / "out.txt", "w"))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    containers = [c for c in fig.axes[0].containers if hasattr(c, "errorbar")]
+    assert [c.get_label() for c in containers] == ["shmloader", "torch"]
+    (bar,) = containers[0].patches
+    assert bar.get_height() == pytest.approx(50.0)  # the median, not the mean (58.3)
+    (segments,) = containers[0].errorbar.lines[2][0].get_segments()
+    assert sorted(y for _, y in segments) == pytest.approx([25.0, 100.0])  # min and max
+
+
+# --- copy limit ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_copy_limit_stacks_batches_in_n_processes_and_leaves_none(start_method: str) -> None:
+    run = measure_copy_limit(WORKLOADS["image"], processes=2, batches=5, start_method=start_method,
+                             round_index=3)  # fmt: skip
+    assert run.error is None and run.ok
+    assert (run.workload, run.processes, run.round_index) == ("image", 2, 3)
+    assert run.batches == 6  # 5 rounded up so that both processes stack 3
+    assert run.seconds > 0 and run.batches_per_s > 0
+    assert count_children() == 0
 
 
 @pytest.mark.timeout(180)

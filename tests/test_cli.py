@@ -141,9 +141,62 @@ def test_doctor_json_and_bad_variable_is_a_finding(tmp_path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_doctor_counts_an_unknown_variable_as_a_warning(tmp_path) -> None:
+    env = {"SHMLOADER_SHM_DIR": str(tmp_path)}
+    clean = run_cli("doctor", *SMALL_RING, **env)
+    typo = run_cli("doctor", *SMALL_RING, **env, SHMLOADER_TIMOUT="5")
+    assert clean.returncode == typo.returncode == 0, typo.stdout + typo.stderr
+
+    def warnings_counted(stdout: str) -> int:
+        return int(stdout.splitlines()[-1].split(", ")[1].split(" ")[0])
+
+    assert warnings_counted(typo.stdout) == warnings_counted(clean.stdout) + 1
+    (line,) = [line for line in typo.stdout.splitlines() if line.startswith("[warning] config")]
+    assert "SHMLOADER_TIMOUT (did you mean SHMLOADER_TIMEOUT?)" in line
+    assert "ConfigWarning" not in typo.stderr  # reported once, as a finding, not also as a warning
+    body = json.loads(run_cli("doctor", "--json", *SMALL_RING, **env, SHMLOADER_TIMOUT="5").stdout)
+    assert [f["status"] for f in body["findings"] if f["check"] == "config"] == ["warning"]
+
+
+@pytest.mark.timeout(60)
 def test_doctor_rejects_a_bad_size_option() -> None:
     result = run_cli("doctor", "--slot-bytes", "big")
     assert result.returncode == 2 and "'big' is not a size" in result.stderr
+
+
+# -- without torch -----------------------------------------------------------------------------------
+
+_NO_TORCH_SCRIPT = """
+import sys
+{hide}
+import shmloader                       # the numpy flavour needs no torch
+assert 'torch' not in sys.modules or sys.modules['torch'] is None
+loader = shmloader.DataLoader(shmloader.ArrayDataset(list(range(4))), batch_size=2)
+assert [x.tolist() for (x,) in loader] == [[0, 1], [2, 3]]
+try:
+    from shmloader.torch import DataLoader
+except ImportError as exc:
+    print(type(exc).__name__, exc.name, str(exc), sep="|")
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["sys.modules", "package"])
+def test_the_torch_flavour_without_torch_says_how_to_install_it(tmp_path, how: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMLOADER_")}
+    if how == "sys.modules":
+        hide = "sys.modules['torch'] = None"
+    else:  # a torch package that fails as a missing one does, first on the path
+        (tmp_path / "torch").mkdir()
+        (tmp_path / "torch" / "__init__.py").write_text(
+            "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+        hide = f"sys.path.insert(0, {str(tmp_path)!r})"
+    result = subprocess.run([sys.executable, "-c", _NO_TORCH_SCRIPT.format(hide=hide)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=50)
+    assert result.returncode == 0, result.stderr
+    kind, name, message = result.stdout.strip().split("|")
+    assert kind == "ModuleNotFoundError" and name == "torch"
+    assert "pip install 'shmloader[torch]'" in message and "from shmloader import DataLoader" in message
 
 
 # -- bench forwarding (in process, with a stand-in bench module) -----------------------------------
@@ -152,7 +205,12 @@ def test_doctor_rejects_a_bad_size_option() -> None:
 def test_bench_forwards_the_rest_of_the_command_line(monkeypatch) -> None:
     seen: list[list[str]] = []
     fake = types.ModuleType("shmloader.cli.bench")
-    fake.main = lambda argv: seen.append(argv) or 5  # type: ignore[attr-defined]
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 5
+
+    fake.main = fake_main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "shmloader.cli.bench", fake)
     assert cli.main(["bench", "--workers", "2", "--help"]) == 5
     assert seen == [["--workers", "2", "--help"]]

@@ -1,3 +1,8 @@
-"""The command line behind ``python -m shmloader``: ``doctor`` (machine checks and the sweep of
-dead owners' segments) and ``bench`` (shmloader beside torch's DataLoader, its workloads, and the
-report and plot)."""
+"""The command line behind ``python -m shmloader``.
+
+``doctor`` (machine checks and the sweep of dead owners' segments); ``bench``, shmloader beside
+torch's DataLoader in repeated rounds: :mod:`~shmloader.cli.bench` (the run), ``options`` (its
+command line), ``measure`` (one measurement), ``workloads``, ``copylimit`` (the collate copy alone),
+``records`` (records and the statistics over rounds), ``report`` (tables, JSON), ``plot``,
+``progress``; and ``bench --train``: :mod:`~shmloader.cli.train` with ``trainstep`` (the model,
+the step and its three feeds)."""

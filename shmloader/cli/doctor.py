@@ -1,8 +1,9 @@
 """``python -m shmloader doctor``: checks of the machine against what a loader will need.
 
-Owns: the checks (shared-memory directory size and free bytes against the ring a configuration
-needs, RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA, segments left by dead
-owners) and their findings, each with a remedy. Runs in the CLI process only; torch and cupy are
+Owns: the checks (the configuration: a bad ``SHMLOADER_*`` value is a problem, an unknown
+``SHMLOADER_*`` name a warning; shared-memory directory size and free bytes against the ring a
+configuration needs, RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA,
+segments left by dead owners) and their findings, each with a remedy. Runs in the CLI process only; torch and cupy are
 imported lazily and guarded, so a broken install is a finding, not a crash. Promises: every
 finding states the measurement it rests on; ``--clean`` removes only dead owners' segments (see
 :mod:`shmloader.transport.sweep`); the exit code is 0 when no finding is a problem, 1 otherwise.
@@ -16,12 +17,13 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import psutil
 
-from shmloader.config import Config, resolve_config
+from shmloader.config import Config, ConfigWarning, resolve_config
 from shmloader.config_fields import parse_size
 from shmloader.errors import ConfigError
 from shmloader.transport.sweep import leftovers, sweep_dead_segments
@@ -254,16 +256,33 @@ def check_leftovers(shm_dir: str, clean: bool) -> list[Finding]:
 
 
 def _resolve_reporting(environ: Mapping[str, str]) -> tuple[Config, list[Finding]]:
-    """Resolve the configuration; each bad variable becomes a finding and is then left out."""
+    """Resolve the configuration; each bad variable becomes a problem and is then left out, and
+    each configuration warning (an unknown ``SHMLOADER_*`` name) becomes a warning finding, counted
+    in the summary, instead of a line on stderr."""
     env = dict(environ)
     found: list[Finding] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        config = _resolve_leaving_out_bad(env, found)
+    messages = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConfigWarning)))
+    found[:0] = [Finding("config", WARNING, text, _CONFIG_WARNING_REMEDY) for text in messages]
+    for w in caught:  # anything else is not ours to swallow
+        if not issubclass(w.category, ConfigWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return config, found
+
+
+_CONFIG_WARNING_REMEDY = "fix the variable's name or unset it ('python -m shmloader config' lists the valid ones)"
+
+
+def _resolve_leaving_out_bad(env: dict[str, str], found: list[Finding]) -> Config:
     while True:
         try:
-            return resolve_config({}, env), found
+            return resolve_config({}, env)
         except ConfigError as exc:
             found.append(Finding("config", PROBLEM, str(exc), f"fix or unset {exc.name}"))
             if env.pop(exc.name, None) is None:
-                return Config(), found
+                return Config()
 
 
 def run_checks(environ: Mapping[str, str], workers: int | None = None, prefetch: int | None = None,

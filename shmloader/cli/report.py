@@ -1,10 +1,13 @@
-"""What the benchmark reports: measurement records, the header, the tables, JSON and the plot.
+"""What the benchmark reports: the header, the text tables and the JSON document.
 
 Owns the shape of ``python -m shmloader bench`` output. Runs in the benchmark's main process.
-Promises: the JSON document (:func:`to_json_document`) has the keys ``header``, ``results``,
-``ratios`` and ``h2d``; every rate is derived from the recorded counts and seconds, never
-estimated; a ratio is shmloader divided by torch for the same workload and ``num_workers`` in the
-same run; matplotlib is imported only by :func:`write_plot`, and torch never.
+Promises: the JSON document (:func:`to_json_document`) has the keys ``header``, ``results`` (one
+record per loader per round), ``summaries`` (medians and ranges per loader), ``ratios`` (ratios of
+medians, shmloader over torch, with each round's rate ratio), ``copy_limit`` (its rounds and
+summaries) and ``h2d``; the text table labels each ratio with its direction (a rate ratio: higher
+is better; a time ratio: lower is better) and marks with ``!`` every figure whose spread is too
+wide to trust (:data:`shmloader.cli.records.SPREAD_RULE`), with a footnote. Neither matplotlib nor
+torch is imported here.
 """
 
 from __future__ import annotations
@@ -12,90 +15,37 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from dataclasses import asdict, dataclass
-from types import TracebackType
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from shmloader.cli.records import (
+    SPREAD_LIMIT,
+    SPREAD_RULE,
+    Bandwidth,
+    CopyLimitRun,
+    LoaderSummary,
+    Measurement,
+    Ratio,
+    Spread,
+    compare_loaders,
+    summarize_copy_limits,
+    summarize_loaders,
+)
+
 __all__ = [
-    "Measurement",
-    "Bandwidth",
-    "Ratio",
-    "Progress",
     "collect_header",
-    "compute_ratios",
     "format_header",
     "format_results",
+    "format_copy_limits",
     "format_bandwidth",
+    "format_table",
     "to_json_document",
-    "write_plot",
+    "WIDE_MARK",
 ]
 
-LOADERS = ("shmloader", "torch")
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """One loader on one workload with one ``num_workers``: ``batches`` timed over ``seconds``."""
-
-    workload: str
-    num_workers: int
-    loader: str
-    batch_size: int
-    batch_bytes: int
-    batches: int
-    seconds: float
-    first_batch_s: float
-    leftover_children: int
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.seconds > 0
-
-    @property
-    def batches_per_s(self) -> float:
-        return self.batches / self.seconds if self.ok else 0.0
-
-    @property
-    def gb_per_s(self) -> float:
-        return self.batches * self.batch_bytes / self.seconds / 1e9 if self.ok else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        record = asdict(self)
-        record["batches_per_s"] = self.batches_per_s
-        record["gb_per_s"] = self.gb_per_s
-        return record
-
-
-@dataclass(frozen=True, slots=True)
-class Ratio:
-    """shmloader over torch for one workload and ``num_workers``."""
-
-    workload: str
-    num_workers: int
-    batches_per_s_ratio: float  # > 1: shmloader delivers more batches per second
-    first_batch_ratio: float  # < 1: shmloader's first batch arrives sooner
-
-
-@dataclass(frozen=True, slots=True)
-class Bandwidth:
-    """Host-to-device copies of ``nbytes`` from one kind of source buffer (``--device`` mode)."""
-
-    workload: str
-    source: str
-    pinned: bool
-    nbytes: int
-    copies: int
-    seconds: float
-
-    @property
-    def gb_per_s(self) -> float:
-        return self.copies * self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "gb_per_s": self.gb_per_s}
+WIDE_MARK = "!"
 
 
 def collect_header(start_method: str, device: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -141,42 +91,11 @@ def _shmloader_version() -> str:
         return str(getattr(shmloader, "__version__", "unknown"))
 
 
-def compute_ratios(results: list[Measurement]) -> list[Ratio]:
-    """One ratio per (workload, num_workers) where both loaders succeeded."""
-    by_key = {(m.workload, m.num_workers, m.loader): m for m in results if m.ok}
-    ratios = []
-    for m in results:
-        if m.loader != "shmloader" or not m.ok:
-            continue
-        other = by_key.get((m.workload, m.num_workers, "torch"))
-        if other is None:
-            continue
-        ratios.append(
-            Ratio(
-                m.workload,
-                m.num_workers,
-                batches_per_s_ratio=m.batches_per_s / other.batches_per_s,
-                first_batch_ratio=m.first_batch_s / other.first_batch_s,
-            )
-        )
-    return ratios
-
-
-def to_json_document(
-    header: dict[str, Any], results: list[Measurement], h2d: list[Bandwidth]
-) -> dict[str, Any]:
-    return {
-        "header": header,
-        "results": [m.to_dict() for m in results],
-        "ratios": [asdict(r) for r in compute_ratios(results)],
-        "h2d": [b.to_dict() for b in h2d],
-    }
-
-
-def format_header(header: dict[str, Any]) -> str:
+def format_header(header: dict[str, Any], title: str = "shmloader bench") -> str:
+    """The header's facts as text: the basic ones on two lines, then one line per extra key."""
     cpus = f"{header['cpu_count']} (usable: {header['affinity_cpus']})"
     lines = [
-        f"shmloader bench: cpus {cpus}, load average {header['load_avg_1m']}, "
+        f"{title}: cpus {cpus}, load average {header['load_avg_1m']}, "
         f"start method {header['start_method']}, device {header['device']}",
         f"  python {header['python']}, numpy {header['numpy']}, torch {header['torch']}, "
         f"shmloader {header['shmloader']}, {header['platform']}",
@@ -191,140 +110,165 @@ _BASIC_HEADER_KEYS = {
     "start_method", "device",
 }  # fmt: skip
 
-
-def format_results(results: list[Measurement]) -> str:
-    """The main table; the shmloader row carries the ratios against torch."""
-    ratios = {(r.workload, r.num_workers): r for r in compute_ratios(results)}
-    columns = ("workload", "workers", "loader", "batches", "batches/s", "GB/s", "first batch",
-               "vs torch (rate)", "vs torch (first)")  # fmt: skip
-    rows: list[tuple[str, ...]] = [columns]
-    for m in results:
-        ratio = ratios.get((m.workload, m.num_workers)) if m.loader == "shmloader" else None
-        rows.append(_result_row(m, ratio))
-    table = _format_rows(rows)
-    errors = [f"  {m.workload}/{m.num_workers}/{m.loader}: {m.error}" for m in results if m.error]
-    leftovers = [m for m in results if m.leftover_children]
-    if leftovers:
-        errors += [f"  {m.workload}/{m.num_workers}/{m.loader}: {m.leftover_children} child "
-                   "process(es) left after release" for m in leftovers]  # fmt: skip
-    return table + ("\nproblems:\n" + "\n".join(errors) if errors else "")
+# Two header lines per column: what it is, then its unit or its direction.
+_RESULT_COLUMNS = (
+    ("workload", ""), ("workers", ""), ("loader", ""),
+    ("batches/s", "(median)"), ("batches/s", "(min-max)"), ("spread", "(max-min)/med"),
+    ("GB/s", "(median)"), ("first batch", "(median)"), ("main CPU", "per batch"),
+    ("rate ratio (rounds' min-max)", "(higher=better)"), ("first-batch time ratio", "(lower=better)"),
+    ("of copy limit", "(rate/limit)"),
+)  # fmt: skip
 
 
-def _result_row(m: Measurement, ratio: Ratio | None) -> tuple[str, ...]:
-    if not m.ok:
-        return (m.workload, str(m.num_workers), m.loader, "-", "failed", "-", "-", "-", "-")
-    return (
-        m.workload,
-        str(m.num_workers),
-        m.loader,
-        str(m.batches),
-        f"{m.batches_per_s:,.1f}",
-        f"{m.gb_per_s:.3f}",
-        _format_seconds(m.first_batch_s),
-        f"{ratio.batches_per_s_ratio:.2f}x" if ratio else "",
+def format_results(results: Sequence[Measurement], copy_limits: Sequence[CopyLimitRun] = ()) -> str:
+    """The main table (one row per loader: medians over the rounds), its footnotes, its problems."""
+    ratios = {(r.workload, r.num_workers): r for r in compare_loaders(results)}
+    rows = [_summary_row(s, ratios.get((s.workload, s.num_workers)) if s.loader == "shmloader" else None)
+            for s in summarize_loaders(results, copy_limits)]  # fmt: skip
+    rounds = max((m.round_index + 1 for m in results), default=0)
+    notes = _footnotes(rounds, any(WIDE_MARK in cell for row in rows for cell in row),
+                       ratios=bool(ratios), limits=bool(copy_limits))  # fmt: skip
+    columns, rows = _drop_empty_columns(_RESULT_COLUMNS, rows, first=_FIRST_OPTIONAL_COLUMN)
+    return format_table(columns, rows, left=3) + "\n" + notes + _problems(results)
+
+
+_FIRST_OPTIONAL_COLUMN = 9  # the ratios and the copy limit: empty when torch or the limit is not measured
+
+
+def _drop_empty_columns(columns: Sequence[tuple[str, ...]], rows: list[tuple[str, ...]],
+                        first: int) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:  # fmt: skip
+    keep = [i for i in range(len(columns)) if i < first or any(row[i] for row in rows)]
+    return [columns[i] for i in keep], [tuple(row[i] for i in keep) for row in rows]
+
+
+def _summary_row(s: LoaderSummary, ratio: Ratio | None) -> tuple[str, ...]:
+    head = (s.workload, str(s.num_workers), s.loader)
+    if s.batches_per_s is None or s.gb_per_s is None or s.first_batch_s is None \
+            or s.cpu_s_per_batch is None:  # fmt: skip
+        return head + ("failed",) + ("-",) * (len(_RESULT_COLUMNS) - 4)
+    rate = s.batches_per_s
+    failed = f" ({s.failed_rounds} failed)" if s.failed_rounds else ""
+    return head + (
+        f"{rate.median:,.1f}",
+        f"{rate.low:,.1f}-{rate.high:,.1f}" if rate.n > 1 else "-",
+        format_spread(rate) + failed,
+        f"{s.gb_per_s.median:.3f}",
+        format_seconds(s.first_batch_s.median),
+        format_seconds(s.cpu_s_per_batch.median),
+        _rate_ratio_cell(ratio) if ratio else "",
         f"{ratio.first_batch_ratio:.2f}x" if ratio else "",
+        f"{s.copy_limit_fraction:.0%}" if s.copy_limit_fraction is not None else "",
     )
 
 
-def format_bandwidth(h2d: list[Bandwidth]) -> str:
-    rows: list[tuple[str, ...]] = [("workload", "bytes", "source", "pinned", "copies", "GB/s")]
-    for b in h2d:
-        rows.append((b.workload, f"{b.nbytes:,}", b.source, "yes" if b.pinned else "no",
-                     str(b.copies), f"{b.gb_per_s:.2f}"))  # fmt: skip
-    return "host-to-device copies:\n" + _format_rows(rows)
+def format_spread(spread: Spread) -> str:
+    """``12%``, ``48% !`` when too wide to trust, ``-`` when one round measured no spread."""
+    relative = spread.relative
+    if relative is None:
+        return "-"
+    return f"{relative:.0%}" + (f" {WIDE_MARK}" if spread.wide else "")
 
 
-def _format_seconds(seconds: float) -> str:
+def _rate_ratio_cell(ratio: Ratio) -> str:
+    """``5.43x (5.06-5.67)``: the ratio of medians, then the range of the rounds' own ratios."""
+    spread = ratio.round_spread
+    text = f"{ratio.batches_per_s_ratio:.2f}x"
+    if spread is not None and spread.n > 1:
+        text += f" ({spread.low:.2f}-{spread.high:.2f})"
+    return text + (f" {WIDE_MARK}" if ratio.wide else "")
+
+
+def _footnotes(rounds: int, any_wide: bool, ratios: bool, limits: bool) -> str:
+    lines = [f"Figures are medians of {rounds} round(s), the loaders' order alternating by round."]
+    if ratios:
+        lines.append("Ratios are shmloader / torch, ratios of medians. rate ratio: batches/s "
+                     "(higher=better), in brackets the lowest and highest of the rounds' own ratios; "
+                     "first-batch time ratio: seconds to the first batch (lower=better).")  # fmt: skip
+    lines.append("main CPU per batch: time.process_time() of the benchmark's own process (all its "
+                 "threads, page touching included) over the timed batches.")  # fmt: skip
+    if limits:
+        lines.append("of copy limit: shmloader's median batches/s over the copy limit's, on rows "
+                     "whose workers equal the copy limit's processes (table below).")  # fmt: skip
+    if rounds == 1:
+        lines.append("One round: no spread was measured (use --repeat 3 or more).")
+    if any_wide:
+        lines.append(f"{WIDE_MARK} spread too wide to trust ({SPREAD_RULE}; for a rate ratio, of "
+                     "the rounds' own ratios): rerun on a quieter machine or with a larger --repeat.")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _problems(results: Sequence[Measurement]) -> str:
+    lines = [f"  {m.workload}/{m.num_workers}/{m.loader} round {m.round_index + 1}: {m.error}"
+             for m in results if m.error]  # fmt: skip
+    lines += [f"  {m.workload}/{m.num_workers}/{m.loader} round {m.round_index + 1}: "
+              f"{m.leftover_children} child process(es) left after release"
+              for m in results if m.leftover_children]  # fmt: skip
+    return "\nproblems:\n" + "\n".join(lines) if lines else ""
+
+
+def format_copy_limits(runs: Sequence[CopyLimitRun]) -> str:
+    """The copy limit's table: one row per workload, medians over the rounds."""
+    columns = (("workload", ""), ("processes", ""), ("batches/s", "(median)"),
+               ("batches/s", "(min-max)"), ("spread", "(max-min)/med"), ("GB/s", "(median)"))  # fmt: skip
+    rows = []
+    for s in summarize_copy_limits(runs):
+        rate = s.batches_per_s
+        if rate is None:
+            rows.append((s.workload, str(s.processes), "failed", "-", "-", "-"))
+            continue
+        rows.append((s.workload, str(s.processes), f"{rate.median:,.1f}",
+                     f"{rate.low:,.1f}-{rate.high:,.1f}" if rate.n > 1 else "-",
+                     format_spread(rate), f"{rate.median * s.batch_bytes / 1e9:.3f}"))  # fmt: skip
+    errors = [f"  {r.workload} round {r.round_index + 1}: {r.error}" for r in runs if r.error]
+    title = ("copy limit: np.stack(samples, out=buffer) into a reused buffer of the batch's shape, "
+             "in N processes doing nothing else (no IPC, no consumer):")  # fmt: skip
+    return title + "\n" + format_table(columns, rows, left=1) + (
+        "\nproblems:\n" + "\n".join(errors) if errors else "")
+
+
+def format_bandwidth(h2d: Sequence[Bandwidth]) -> str:
+    columns = (("workload", ""), ("bytes", ""), ("source", ""), ("pinned", ""), ("copies", ""),
+               ("GB/s", ""))  # fmt: skip
+    rows = [(b.workload, f"{b.nbytes:,}", b.source, "yes" if b.pinned else "no", str(b.copies),
+             f"{b.gb_per_s:.2f}") for b in h2d]  # fmt: skip
+    return "host-to-device copies:\n" + format_table(columns, rows, left=3)
+
+
+def format_seconds(seconds: float) -> str:
+    """``12 us``, ``3.4 ms`` or ``1.25 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def _format_rows(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+def format_table(columns: Sequence[tuple[str, ...]], rows: Sequence[Sequence[str]], left: int) -> str:
+    """Aligned text: ``columns`` hold each column's header lines; the first ``left`` are left-aligned."""
+    header_lines = [tuple(col[k] for col in columns) for k in range(len(columns[0]))]
+    header_lines = [line for line in header_lines if any(line)]
+    every = [*header_lines, *(tuple(r) for r in rows)]
+    widths = [max(len(row[i]) for row in every) for i in range(len(columns))]
     lines = []
-    for n, row in enumerate(rows):
-        cells = [cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in
+    for n, row in enumerate(every):
+        cells = [cell.ljust(w) if i < left else cell.rjust(w) for i, (cell, w) in
                  enumerate(zip(row, widths))]  # fmt: skip
         lines.append("  ".join(cells).rstrip())
-        if n == 0:
+        if n == len(header_lines) - 1:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def write_plot(results: list[Measurement], path: str, title: str, out: TextIO) -> None:
-    """Grouped bars of batches/s, shmloader vs torch, per workload and num_workers (log scale)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    groups = sorted({(m.workload, m.num_workers) for m in results}, key=_group_order(results))
-    loaders = [name for name in LOADERS if any(m.loader == name for m in results)]
-    rates = {(m.workload, m.num_workers, m.loader): m.batches_per_s for m in results if m.ok}
-    fig = Figure(figsize=(max(6.0, 1.2 * len(groups) + 2), 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    width = 0.8 / max(1, len(loaders))
-    positions = np.arange(len(groups))
-    for k, name in enumerate(loaders):
-        heights = [rates.get((w, n, name), np.nan) for w, n in groups]
-        bars = ax.bar(positions + (k - (len(loaders) - 1) / 2) * width, heights, width, label=name)
-        ax.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax.set_xticks(positions, [f"{w}\nworkers={n}" for w, n in groups])
-    ax.set_yscale("log")
-    ax.set_ylabel("batches/s (log scale)")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    print(f"plot written to {path}", file=out)
-
-
-def _group_order(results: list[Measurement]) -> Any:
-    first_seen: dict[str, int] = {}
-    for m in results:
-        first_seen.setdefault(m.workload, len(first_seen))
-    return lambda key: (first_seen[key[0]], key[1])
-
-
-class Progress:
-    """A progress indicator on stderr, one step per measurement: tqdm if installed, else a line.
-
-    It advances only between measurements, so it costs nothing inside a timed loop.
-    """
-
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
-        self._total = total
-        self._done = 0
-        self._stream = stream if stream is not None else sys.stderr
-        self._bar: Any = None
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return
-        self._bar = tqdm(total=total, file=self._stream, unit="case", leave=False)
-
-    def step(self, description: str) -> None:
-        """Mark the previous step done and announce the next one."""
-        if self._bar is not None:
-            self._bar.update(self._done - self._bar.n)
-            self._bar.set_description_str(description)
-        else:
-            self._stream.write(f"[{self._done + 1}/{self._total}] {description}\n")
-            self._stream.flush()
-        self._done += 1
-
-    def note(self, description: str) -> None:
-        """Announce extra work that is not one of the counted steps."""
-        if self._bar is not None:
-            self._bar.update(self._done - self._bar.n)
-            self._bar.set_description_str(description)
-        else:
-            self._stream.write(f"{description}\n")
-            self._stream.flush()
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
-        if self._bar is not None:
-            self._bar.update(self._done - self._bar.n)
-            self._bar.close()
+def to_json_document(header: dict[str, Any], results: Sequence[Measurement],
+                     copy_limits: Sequence[CopyLimitRun] = (),
+                     h2d: Sequence[Bandwidth] = ()) -> dict[str, Any]:  # fmt: skip
+    """Everything measured: every round's record, and the summaries and ratios drawn from them."""
+    return {
+        "header": {**header, "spread_rule": SPREAD_RULE, "spread_limit": SPREAD_LIMIT},
+        "results": [m.to_dict() for m in results],
+        "summaries": [s.to_dict() for s in summarize_loaders(results, copy_limits)],
+        "ratios": [r.to_dict() for r in compare_loaders(results)],
+        "copy_limit": {
+            "runs": [r.to_dict() for r in copy_limits],
+            "summaries": [s.to_dict() for s in summarize_copy_limits(copy_limits)],
+        },
+        "h2d": [b.to_dict() for b in h2d],
+    }

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.cli.report import Bandwidth
+from shmloader.cli.records import Bandwidth
 from shmloader.gpu.backends import iter_leaves
 
 __all__ = [

@@ -1,0 +1,111 @@
+"""The copy limit: how fast N processes can do a loader worker's one necessary copy and nothing else.
+
+Owns the measurement behind the benchmark's *of copy limit* column. A shmloader worker must write
+each batch once (collation); here ``processes`` processes each stack the workload's samples into a
+reused buffer of the batch's shape (``np.stack(samples, out=buffer)`` per field) in a loop: no
+dataset call, no IPC, no consumer. Their aggregate batches/s bounds what any loader with that many
+workers can deliver on this machine; shmloader's rate divided by it says how much of the machine's
+copy throughput reaches the training loop.
+
+Runs in the benchmark's main process, which starts the processes with the benchmark's start
+method, and in those processes (:func:`_stack_loop`, module level so that spawn can import it).
+Promises: all processes start their clocks after one barrier, and the run is timed from the
+earliest start to the latest end (``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for
+every process); :func:`measure_copy_limit` never raises and leaves no process behind (each is
+joined, or killed after :data:`_JOIN_TIMEOUT_S`).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from shmloader.cli.records import CopyLimitRun
+from shmloader.cli.workloads import Workload
+
+__all__ = ["measure_copy_limit"]
+
+_JOIN_TIMEOUT_S = 300.0
+_BARRIER_TIMEOUT_S = 120.0
+
+
+def measure_copy_limit(workload: Workload, processes: int, batches: int, start_method: str,
+                       round_index: int = 0) -> CopyLimitRun:  # fmt: skip
+    """``batches`` batches stacked by ``processes`` processes (the count rounded up to share evenly)."""
+    per_process = math.ceil(batches / processes)
+    total = per_process * processes
+    try:
+        spans = _run_processes(workload, processes, per_process, start_method)
+    except Exception as exc:  # reported with the copy limit; the benchmark goes on
+        return CopyLimitRun(workload.name, processes, workload.batch_bytes, total, 0.0, round_index,
+                            error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+    seconds = max(end for _, end in spans) - min(start for start, _ in spans)
+    return CopyLimitRun(workload.name, processes, workload.batch_bytes, total, seconds, round_index)
+
+
+def _run_processes(workload: Workload, processes: int, per_process: int,
+                   start_method: str) -> list[tuple[float, float]]:  # fmt: skip
+    ctx: Any = multiprocessing.get_context(start_method)
+    barrier = ctx.Barrier(processes)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(processes)]
+    procs = [ctx.Process(target=_stack_loop, args=(workload, per_process, barrier, send),
+                         name=f"shmloader-copy-limit-{k}", daemon=True)
+             for k, (_, send) in enumerate(pipes)]  # fmt: skip
+    try:
+        for proc in procs:
+            proc.start()
+        for _, send in pipes:
+            send.close()  # the children hold their ends; EOF then means a child died
+        return [_receive(recv, proc) for (recv, _), proc in zip(pipes, procs)]
+    finally:
+        _reap(procs)
+        for recv, _ in pipes:
+            recv.close()
+
+
+def _receive(recv: Connection, proc: Any) -> tuple[float, float]:
+    if not recv.poll(_JOIN_TIMEOUT_S):
+        raise TimeoutError(f"copy-limit process {proc.name} sent nothing in {_JOIN_TIMEOUT_S:.0f} s")
+    try:
+        start, end = recv.recv()
+    except EOFError:
+        proc.join(5.0)
+        raise RuntimeError(f"copy-limit process {proc.name} exited with code {proc.exitcode} "
+                           "before reporting") from None  # fmt: skip
+    return float(start), float(end)
+
+
+def _reap(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.pid is None:  # never started
+            continue
+        proc.join(_JOIN_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _stack_loop(workload: Workload, batches: int, barrier: Any, send: Connection) -> None:
+    """In a copy-limit process: stack ``batches`` batches after the barrier; send (start, end)."""
+    dataset = workload.dataset(1)
+    samples = [dataset[i] for i in range(workload.batch_size)]
+    columns = [[s[k] for s in samples] for k in range(len(workload.fields))] if len(workload.fields) > 1 \
+        else [samples]  # fmt: skip
+    buffers = [np.empty((workload.batch_size, *f.shape), dtype=f.dtype) for f in workload.fields]
+    _stack_once(columns, buffers)  # the buffers' pages are faulted in before the clock starts
+    barrier.wait(_BARRIER_TIMEOUT_S)
+    start = time.perf_counter()
+    for _ in range(batches):
+        _stack_once(columns, buffers)
+    send.send((start, time.perf_counter()))
+    send.close()
+
+
+def _stack_once(columns: list[list[Any]], buffers: list[np.ndarray]) -> None:
+    for column, buffer in zip(columns, buffers):
+        np.stack(column, out=buffer)

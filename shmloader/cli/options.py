@@ -1,0 +1,143 @@
+"""The command line of ``python -m shmloader bench``: its options, their defaults and their checks.
+
+Owns :class:`Options` (the parsed command line, frozen) and :func:`parse_args`. Runs in the
+benchmark's main process. Promises: a bad value exits through argparse with status 2 and a message
+that names the option and the value; nothing here imports torch or starts a process.
+``--train`` is listed here for ``--help`` only: :func:`shmloader.cli.bench.main` hands a command
+line that holds it to :mod:`shmloader.cli.train` before this parser sees it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from shmloader.cli.records import SPREAD_RULE
+from shmloader.cli.workloads import WORKLOADS, Workload
+
+__all__ = ["Options", "parse_args", "START_METHODS", "DEFAULT_REPEAT"]
+
+START_METHODS = ("fork", "spawn", "forkserver")
+# Five rounds: the median survives two disturbed rounds, and the default run stays under about two
+# minutes on 2 cores (docs/performance.md).
+DEFAULT_REPEAT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The parsed command line of ``bench`` (without ``--train``)."""
+
+    workloads: tuple[Workload, ...]
+    workers: tuple[int, ...]
+    batches: int | None  # None: each workload's default
+    warmup: int
+    json: bool
+    loaders: tuple[str, ...]
+    start_method: str
+    plot: str | None
+    device: str
+    epoch_bars: bool = False  # a tqdm bar per shmloader epoch, through the Progress observer plugin
+    repeat: int = 1  # rounds; each round measures every case once, the loaders' order alternating
+    copy_limit: bool = True  # measure the collate copy alone in max(workers) processes
+
+    def batches_for(self, workload: Workload) -> int:
+        return self.batches if self.batches is not None else workload.default_batches
+
+    @property
+    def copy_limit_processes(self) -> int:
+        """Processes of the copy limit: the highest ``num_workers``; 0 when it is not measured."""
+        return max(self.workers) if self.copy_limit and "shmloader" in self.loaders else 0
+
+
+def parse_args(argv: list[str] | None) -> Options:
+    parser = _build_parser()
+    ns = parser.parse_args(argv)
+    loaders = tuple(
+        name for name, skip in (("shmloader", ns.no_shmloader), ("torch", ns.no_torch)) if not skip
+    )
+    if not loaders:
+        parser.error("--no-torch and --no-shmloader together leave nothing to measure")
+    if not _split(ns.workloads) or not _split(ns.workers):
+        parser.error("--workloads and --workers each need at least one value")
+    return Options(
+        workloads=tuple(_parse_workload(parser, name) for name in _split(ns.workloads)),
+        workers=tuple(_parse_count(parser, "--workers", text) for text in _split(ns.workers)),
+        batches=ns.batches,
+        warmup=ns.warmup,
+        json=ns.json,
+        loaders=loaders,
+        start_method=ns.start_method,
+        plot=ns.plot,
+        device=ns.device,
+        epoch_bars=ns.epoch_bars,
+        repeat=ns.repeat,
+        copy_limit=not ns.no_copy_limit,
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    defaults = ", ".join(f"{w.name} {w.default_batches}" for w in WORKLOADS.values())
+    p = argparse.ArgumentParser(
+        prog="python -m shmloader bench",
+        description="Time shmloader.DataLoader against torch.utils.data.DataLoader in one run, "
+                    "in repeated rounds; report medians and spread.",
+        epilog="python -m shmloader bench --train --help: the end-to-end training benchmark.",
+    )
+    p.add_argument("--train", action="store_true",
+                   help="run the end-to-end training benchmark instead (its own options: --train --help)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: "
+                   f"{', '.join(f'{w.name} ({w.description})' for w in WORKLOADS.values())}")
+    p.add_argument("--workers", default="0,2", help="comma-separated num_workers values")
+    p.add_argument("--batches", type=_positive_int, default=None,
+                   help=f"timed batches per measurement (default per workload: {defaults})")
+    p.add_argument("--warmup", type=_positive_int, default=3,
+                   help="batches read before the clock starts, the first batch included")
+    p.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT,
+                   help=f"rounds of every measurement, the loaders' order alternating (default "
+                        f"{DEFAULT_REPEAT}); the table gives medians, the range, and flags with '!' "
+                        f"a spread too wide to trust: {SPREAD_RULE}".replace("%", "%%"))
+    p.add_argument("--no-copy-limit", action="store_true",
+                   help="skip the copy limit (np.stack(out=) alone in max(--workers) processes)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON document on stdout; the table goes to stderr")
+    p.add_argument("--no-torch", action="store_true", help="measure shmloader only")
+    p.add_argument("--epoch-bars", action="store_true",
+                   help="show shmloader's own per-epoch progress bar (the Progress observer plugin)")
+    p.add_argument("--no-shmloader", action="store_true", help="measure torch only")
+    p.add_argument("--start-method", choices=START_METHODS, default="fork",
+                   help="multiprocessing_context of both loaders (default: fork)")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="write grouped bars of median batches/s with min-max error bars (matplotlib)")
+    p.add_argument("--device", default="cpu",
+                   help="'cuda' (or 'cuda:N'): time batches delivered to the GPU, pinned")
+    return p  # fmt: skip
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _parse_workload(parser: argparse.ArgumentParser, name: str) -> Workload:
+    if name not in WORKLOADS:
+        parser.error(f"--workloads: unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
+def _parse_count(parser: argparse.ArgumentParser, option: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        parser.error(f"{option} must be non-negative integers, got {text!r}")
+    return value
