@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shmloader.config import Config
-    from shmloader.events import Events
     from shmloader.epoch_book import EpochBook
+    from shmloader.events import Events
     from shmloader.transport.ring import Ring
     from shmloader.worker.main import WorkerSpec
 

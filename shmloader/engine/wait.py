@@ -113,7 +113,12 @@ class WaitAndRecover:
             # before Ready: start-up failed; after: the next task could not be unpickled, and
             # replies come in task order, so that task is the oldest one the worker holds
             head = self._ledger.get(w.outstanding[0]) if w.ready and w.outstanding else None
-            raise self._fail(self._worker_exception(msg, w.id, head))
+            exc = self._worker_exception(msg, w.id, head)
+            if not w.ready:
+                raise self._fail(exc)
+            if self._fault is None:  # raised at the next wait: the batches finished before it come first
+                self._fault = exc
+            return
         rec = self._ledger.get((msg.epoch, msg.task))
         if rec is None:
             return

@@ -15,11 +15,10 @@ caller to check, each entry point that could reach an accelerator is guarded her
 
 Runs in every process; owns nothing but the creator of each object. Promises: a guarded method
 never runs its body outside the creating process, whatever the caller (a lease finalizer, a
-generator closed by a worker's garbage collector, user code). The check compares the creator's pid
-with this process's, which is cached and refreshed in every child by ``os.register_at_fork``:
-``getpid()`` is a system call (0.26–0.45 µs measured on a 2-core VM), the cached compare about
-0.03 µs; a guarded call costs about 0.13 µs more than a plain one, wrapper included, and the
-guarded entry points run a few times per batch.
+generator closed by a worker's garbage collector, user code). The check is
+``owner.ProcessOwner.here`` (a compare with a pid cached per process); a guarded call costs about
+0.13 µs more than a plain one, wrapper included, and the guarded entry points run a few times per
+batch.
 """
 
 from __future__ import annotations
@@ -31,26 +30,9 @@ from typing import Any, TypeVar, cast
 
 from shmloader.owner import ProcessOwner
 
-__all__ = ["ForeignProcessError", "Owned", "current_pid", "owner_only"]
+__all__ = ["ForeignProcessError", "Owned", "owner_only"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_pid = os.getpid()  # this process's pid, refreshed in every forked child
-
-
-def _forked() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to refresh
-    os.register_at_fork(after_in_child=_forked)
-
-
-def current_pid() -> int:
-    """This process's pid, without a system call (the cache is refreshed in every forked child)."""
-    return _pid
-
 
 class ForeignProcessError(RuntimeError):
     """Device work was asked of a backend in a process other than the one that created it."""
@@ -72,7 +54,7 @@ class Owned:
     @property
     def owned_here(self) -> bool:
         """True in the process that created this object, False in a forked child."""
-        return self._owner.pid == _pid
+        return self._owner.here
 
     def _foreign_call(self, method: str, args: tuple[Any, ...]) -> None:
         """Called (instead of ``method``) outside the creating process; does nothing by default."""
@@ -87,7 +69,7 @@ def owner_only(inert: Any = None, *, refuse: bool = False) -> Callable[[F], F]:
 
         @functools.wraps(method)
         def guarded(self: Owned, *args: Any, **kwargs: Any) -> Any:
-            if self._owner.pid == _pid:
+            if self._owner.here:
                 return method(self, *args, **kwargs)
             self._foreign_call(name, args)
             if refuse:
