@@ -86,7 +86,10 @@ def shmloader_pin_backend(device: str) -> PinBackend | None:  # type: ignore[emp
     it), ``unregister_segment(segment)`` (before the segment is unlinked) and ``finish(batch)``
     (once per batch, main process, before the user gets it: mark or wrap slot-backed arrays as
     pinned and return the batch). An exception in ``register_segment`` unlinks the new segment
-    and propagates.
+    and propagates. A backend belongs to the main process that made it: a worker forked later
+    inherits it (and may garbage-collect batches that reach it), so subclass
+    ``shmloader.gpu.owned.Owned`` and guard each device entry point with ``@owner_only`` as the
+    built-in backends do, making it inert in any other process (docs/design/ownership.md).
     """
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from shmloader import __main__ as cli
 from shmloader.config_fields import FIELDS
-from shmloader.transport import sweep
+from shmloader.transport import segment, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DEAD_PID = 4_194_304 + 7  # above the largest pid_max Linux allows, so never a live process
@@ -255,6 +255,6 @@ def test_a_zombie_owner_counts_as_dead(tmp_path) -> None:
         child.wait()
 
 
-def test_owner_of() -> None:
-    assert sweep.owner_of("shml_123_x_y") == 123
-    assert sweep.owner_of("shml_123") is None and sweep.owner_of("psm_123_x") is None
+def test_owner_pid() -> None:
+    assert segment.owner_pid("shml_123_x_y") == 123
+    assert segment.owner_pid("shml_123") is None and segment.owner_pid("psm_123_x") is None

@@ -26,6 +26,7 @@ import psutil
 from shmloader.config import Config, ConfigWarning, resolve_config
 from shmloader.config_fields import parse_size
 from shmloader.errors import ConfigError
+from shmloader.transport.preflight import CONSUMER_SLOTS, ring_slots
 from shmloader.transport.sweep import leftovers, sweep_dead_segments
 
 __all__ = ["Finding", "RingPlan", "plan_ring", "run_checks", "format_findings", "add_arguments", "run"]
@@ -33,7 +34,6 @@ __all__ = ["Finding", "RingPlan", "plan_ring", "run_checks", "format_findings", 
 OK, INFO, WARNING, PROBLEM = "ok", "info", "warning", "problem"
 GUESS_SLOT_BYTES = 64 * 1024**2
 _GUESS_MAX_WORKERS = 8
-_SPARE_SLOTS = 2  # slots beyond workers * prefetch: the batch the user holds and the one being viewed
 _MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "hugetlbfs")
 
 
@@ -49,7 +49,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class RingPlan:
-    """The ring a configuration needs: ``workers * prefetch_factor + 2`` slots of ``slot_bytes``."""
+    """The ring a configuration needs: ``transport.preflight.ring_slots`` slots of ``slot_bytes``."""
 
     workers: int
     prefetch_factor: int
@@ -58,14 +58,14 @@ class RingPlan:
 
     @property
     def slots(self) -> int:
-        return max(self.workers, 1) * self.prefetch_factor + _SPARE_SLOTS
+        return ring_slots(self.workers, self.prefetch_factor)
 
     @property
     def ring_bytes(self) -> int:
         return self.slots * self.slot_bytes
 
     def describe(self) -> str:
-        text = (f"{self.workers} workers x prefetch {self.prefetch_factor} + {_SPARE_SLOTS} = "
+        text = (f"{self.workers} workers x prefetch {self.prefetch_factor} + {CONSUMER_SLOTS} = "
                 f"{self.slots} slots x {format_bytes(self.slot_bytes)} = {format_bytes(self.ring_bytes)}")
         return text + (" (a guess: pass --workers/--prefetch-factor/--slot-bytes)" if self.guessed else "")
 

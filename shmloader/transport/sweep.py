@@ -39,7 +39,7 @@ import psutil
 
 from shmloader.transport.segment import DEFAULT_SHM_DIR, PREFIX, owner_pid, same_file
 
-__all__ = ["PREFIX", "Leftover", "owner_of", "dead_segments", "sweep_dead_segments", "leftovers"]
+__all__ = ["PREFIX", "Leftover", "dead_segments", "sweep_dead_segments", "leftovers"]
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,6 @@ class Leftover:
     owner_pid: int
     size_bytes: int
     owner_alive: bool
-
-
-def owner_of(name: str) -> int | None:
-    """The owner pid encoded in a segment name ``shml_<pid>_...``, or None when not ours.
-
-    Kept for tests/test_cli.py; :func:`shmloader.transport.segment.owner_pid` is the same function.
-    """
-    return owner_pid(name)
 
 
 def _alive(pid: int) -> bool:
@@ -135,7 +127,7 @@ def leftovers(shm_dir: str = DEFAULT_SHM_DIR) -> list[Leftover]:
     found = []
     uid = os.getuid()
     for name in sorted(names):
-        pid = owner_of(name)
+        pid = owner_pid(name)
         if pid is None:
             continue
         path = os.path.join(shm_dir, name)
