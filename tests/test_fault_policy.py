@@ -8,7 +8,7 @@ outside: a stress script, an OOM killer, a scheduler) and only ``max_restarts`` 
 from __future__ import annotations
 
 from shmloader import PoisonTask, RestartBudgetExceeded, WorkerDied
-from shmloader.engine.faults import FaultPolicy, Streak, after_death, death_error
+from shmloader.engine.faults import FaultPolicy, Streak, after_death, count_start_failure, death_error
 
 RESTART = FaultPolicy("restart", max_restarts=100, max_task_attempts=3)
 
@@ -57,3 +57,16 @@ def test_without_restart_or_for_an_iterable_dataset_a_death_is_an_error() -> Non
     assert type(decide(FaultPolicy("raise"), streak)) is WorkerDied
     died = decide(RESTART, streak, iterable=True)
     assert type(died) is WorkerDied and "cannot be restarted" in str(died)
+
+
+def test_only_self_inflicted_start_up_deaths_count_towards_giving_up() -> None:
+    assert count_start_failure(0, starting=True, exitcode=1) == 1  # bootstrap error, import error
+    assert count_start_failure(1, starting=True, exitcode=3) == 2  # os._exit in worker_init_fn
+    assert count_start_failure(1, starting=True, exitcode=-9) == 1  # killed from outside: no evidence
+    assert count_start_failure(1, starting=True, exitcode=-11) == 1
+    assert count_start_failure(1, starting=False, exitcode=3) == 0  # it had started: the count restarts
+    gave_up = death_error(RESTART, Streak(), restarts=2, iterable=False, starting=True, worker_id=0, pid=1,
+                          exitcode=1, tasks={}, shm_dir="/nonexistent", start_failures=2, start_method="spawn")
+    assert isinstance(gave_up, WorkerDied) and "__main__" in str(gave_up) and "restart" not in str(gave_up)
+    assert death_error(RESTART, Streak(), restarts=2, iterable=False, starting=True, worker_id=0, pid=1,
+                       exitcode=-9, tasks={}, shm_dir="/nonexistent", start_failures=1) is None

@@ -81,6 +81,16 @@ def after_death(streak: Streak, head: Key | None, death: str) -> Streak:
     return Streak(head, (death,))
 
 
+def count_start_failure(previous: int, *, starting: bool, exitcode: int | None) -> int:
+    """A worker id's deaths in a row while starting that it caused itself (an exit code: a failed
+    import, a missing main-module guard, ``os._exit`` in ``worker_init_fn``). A signal while
+    starting (an outside kill, an OOM kill) neither counts nor clears the count; a death after
+    the worker said Ready clears it."""
+    if not starting:
+        return 0
+    return previous + 1 if exitcode is not None and exitcode > 0 else previous
+
+
 def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable: bool, starting: bool,
                 worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
                 start_failures: int = 0, start_method: str = "fork") -> BaseException | None:
@@ -88,10 +98,10 @@ def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable:
 
     ``restarts`` counts this epoch's deaths, this one included; ``streak`` is :func:`after_death`'s
     result for this death; ``tasks`` maps the dead worker's tasks (oldest first) to their indices;
-    ``start_failures`` counts this worker id's deaths in a row before it ever said Ready. A worker
-    that dies while starting on two attempts in a row will not start on a third (a missing main
-    guard under spawn, an import error, a dataset that cannot be unpickled): it is reported at
-    once, without suggesting a restart.
+    ``start_failures`` is :func:`count_start_failure`'s count for this worker id. A worker that
+    exited by itself while starting on two attempts in a row will not start on a third (a missing
+    main guard under spawn, an import error, a dataset that cannot be unpickled): it is reported
+    at once, without suggesting a restart.
     """
     if start_failures >= START_ATTEMPTS:
         return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=True,

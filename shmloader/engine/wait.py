@@ -201,7 +201,8 @@ class WaitAndRecover:
         self._streak = faults.after_death(self._streak, head, f"worker {w.id} (pid {w.pid}) "
                                           f"{cause or f'died with {describe_exit(exitcode)}'}")
         self._restarts += 1
-        fails = self._start_failures[w.id] = self._start_failures.get(w.id, 0) + 1 if starting else 0
+        fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
+                                                                         starting=starting, exitcode=exitcode)
         self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=self._iterable,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
