@@ -154,7 +154,7 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = persistent_workers
         self._plugins = build_plugin_manager(plugins)
         self._events = Events(self._plugins)
-        self._pinner: pinning.PinBackend | None = None  # the one pin backend, made with the first ring
+        self._pin = pinning.PinState()  # the one pin backend (chosen with the first ring) and its warning
         self._book = EpochBook(self)  # epochs, the latest record, a loaded resume (state.py's)
         self._iterator: BaseIter | None = None  # the persistent iterator
         self._live: weakref.WeakSet[BaseIter] = weakref.WeakSet()  # every iterator close() must stop
@@ -280,6 +280,12 @@ class DataLoader(Generic[T_co]):
         """Timings and counters: per-worker fetch/collate time, consumer wait, bytes, bottleneck."""
         return self._events.stats.summary()
 
+    @property
+    def _pinner(self) -> pinning.PinBackend | None:
+        """The loader's pin backend (None until chosen, or when none pins); the device prefetcher
+        copies through it."""
+        return self._pin.backend
+
     # -- engine wiring: the plan is all an iterator sees of the loader --------------------------
     def _plan(self) -> Plan:
         """One iterator's frozen view of this loader (engine/plan.py)."""
@@ -331,7 +337,7 @@ class DataLoader(Generic[T_co]):
         if self._config.sweep:  # sweep=False / SHMLOADER_SWEEP=0: leave the directory alone
             sweep_dead_segments(shm_dir)
         # One backend per loader; it registers each segment once and unregisters it before unmap.
-        pin = self._pinner = pinning.backend_for(self)
+        pin = pinning.backend_for(self)
         # A dropped batch's slot is reused only once the copies enqueued before the drop are done.
         fence = getattr(pin, "fence", None) if pin is not None and pin.device_pinned else None
         return Ring(shm_dir, max_slots=self._config.max_slots,
@@ -351,8 +357,8 @@ class DataLoader(Generic[T_co]):
 
     def _finish_batch(self, batch: Any) -> Any:
         """Last step before the user: mark slot-backed tensors pinned, or pin (num_workers=0)."""
-        if self.pin_memory and self._pinner is not None:
-            return self._pinner.finish(batch)
+        if self.pin_memory and self._pin.backend is not None:
+            return self._pin.backend.finish(batch)
         if self.pin_memory and self.num_workers == 0 and pinning.accelerator_available():
             return pinning.pin_copy(batch)
         return batch

@@ -8,7 +8,13 @@ outside: a stress script, an OOM killer, a scheduler) and only ``max_restarts`` 
 from __future__ import annotations
 
 from shmloader import PoisonTask, RestartBudgetExceeded, WorkerDied
-from shmloader.engine.faults import FaultPolicy, Streak, after_death, count_start_failure, death_error
+from shmloader.engine.faults import (
+    FaultPolicy,
+    Streak,
+    after_death,
+    count_start_failure,
+    death_error,
+)
 
 RESTART = FaultPolicy("restart", max_restarts=100, max_task_attempts=3)
 

@@ -273,18 +273,20 @@ def test_the_choice_and_the_warning_flag_are_kept_on_the_loader(monkeypatch: pyt
     chosen = [FakeBackend(), FakeBackend()]
     monkeypatch.setattr(pinning, "select", lambda *args, **kwargs: chosen.pop(0))
     monkeypatch.setattr(pinning, "will_pin", lambda loader: False)
-    first, second = (SimpleNamespace(pin_memory=True, _plugins=None, pin_memory_device="") for _ in range(2))
+    first, second = (SimpleNamespace(pin_memory=True, _plugins=None, pin_memory_device="", _pin=pinning.PinState())
+                     for _ in range(2))
     mine = pinning.backend_for(first)
-    assert pinning.backend_for(first) is mine and first._pinner_chosen is mine  # selected once
+    assert pinning.backend_for(first) is mine and first._pin.backend is mine  # selected once
     assert pinning.backend_for(second) is not mine and not chosen  # each loader has its own
-    none_chosen = SimpleNamespace(pin_memory=True, _plugins=None, pin_memory_device="", _pinner_chosen=None)
+    none_chosen = SimpleNamespace(pin_memory=True, _plugins=None, pin_memory_device="",
+                                  _pin=pinning.PinState(backend=None, chosen=True))
     assert pinning.backend_for(none_chosen) is None  # None is a choice too: not selected again
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for loader in (first, second, first, second):
             pinning.warn_if_unpinned(loader)
     assert [str(w.message) for w in caught] == [pinning.NO_ACCELERATOR] * 2  # once per loader
-    assert first._pin_warned and second._pin_warned
+    assert first._pin.warned and second._pin.warned
 
 
 def test_torch_is_asked_about_an_accelerator_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:

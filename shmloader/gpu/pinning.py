@@ -18,8 +18,8 @@ Runs in the main process only. Promises:
 - ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
   the batches stay correct (unpinned). Importing this module imports neither torch nor cupy.
 
-Per-loader state lives on the loader: ``_pinner_chosen`` (the selected backend, set by
-:func:`backend_for`) and ``_pin_warned`` (set by :func:`warn_if_unpinned`). Whether torch sees an
+Per-loader state is one attribute of the loader, ``_pin`` (a :class:`PinState`: the backend
+selected by :func:`backend_for`, and the flag :func:`warn_if_unpinned` sets). Whether torch sees an
 accelerator is asked once per process (:func:`accelerator_available`).
 """
 
@@ -30,6 +30,7 @@ import importlib.util
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from shmloader.config import register_variable
@@ -50,7 +51,6 @@ NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is fo
 
 register_variable(ENV_BACKEND, "pin backend for pin_memory=True: " + "|".join(BACKEND_NAMES) + " (default auto)")
 
-_UNCHOSEN: Any = object()  # a loader's ``_pinner_chosen`` before its selection (None is a choice)
 
 
 def _installed(module: str) -> bool:
@@ -145,14 +145,25 @@ def select(pin_memory: bool, plugins: Any, *, device: str = "", name: str | None
     return offered
 
 
+@dataclass
+class PinState:
+    """A loader's pinning, its one attribute ``loader._pin``: the backend (chosen once, None being a
+    choice too) and whether torch's "no accelerator" warning was given."""
+
+    backend: PinBackend | None = None
+    chosen: bool = False
+    warned: bool = False
+
+
 def backend_for(loader: Any) -> PinBackend | None:
     """The loader's pin backend, selected once per loader and then reused by every ring."""
     if not loader.pin_memory:
         return None
-    chosen = getattr(loader, "_pinner_chosen", _UNCHOSEN)
-    if chosen is _UNCHOSEN:
-        chosen = loader._pinner_chosen = select(True, loader._plugins, device=loader.pin_memory_device or "")
-    return chosen  # type: ignore[no-any-return]
+    pin: PinState = loader._pin
+    if not pin.chosen:
+        pin.backend = select(True, loader._plugins, device=loader.pin_memory_device or "")
+        pin.chosen = True
+    return pin.backend
 
 
 def will_pin(loader: Any) -> bool:
@@ -165,9 +176,9 @@ def will_pin(loader: Any) -> bool:
 
 def warn_if_unpinned(loader: Any, stacklevel: int = 4) -> None:
     """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader."""
-    if not loader.pin_memory or getattr(loader, "_pin_warned", False) or will_pin(loader):
+    if not loader.pin_memory or loader._pin.warned or will_pin(loader):
         return
-    loader._pin_warned = True
+    loader._pin.warned = True
     warnings.warn(NO_ACCELERATOR, stacklevel=stacklevel)
 
 
