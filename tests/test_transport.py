@@ -393,3 +393,35 @@ def test_a_name_that_stays_taken_is_a_clear_error(tmp_path: Path, monkeypatch: p
     assert str(exc).startswith(f"could not create a shared-memory segment in {tmp_path}: ")
     assert taken.name in str(exc) and f"{segment.CREATE_ATTEMPTS} attempts" in str(exc)
     assert os.listdir(tmp_path) == [taken.name] and open_fds() == fds
+
+
+def test_codec_flat_descriptor_for_arrays_in_the_slot(ring):
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    x, y = alloc((4, 3), np.float32), alloc((4,), np.int64)
+    x[:], y[:] = np.arange(12).reshape(4, 3), np.arange(4)
+    heap = [x, np.zeros(2)]  # an array outside the slot: the general (pickled) descriptor copies it in
+    assert codec.encode(heap, alloc)[0][:1] != codec.FLAT
+    buf = leased(ring, slot)
+    for batch in ([x, y], (x, y[::-1])):
+        payload, nbytes = codec.encode(batch, alloc)
+        assert payload[:1] == codec.FLAT and nbytes == x.nbytes + y.nbytes
+        got, views = codec.decode(payload, buf, slot.size_bytes)
+        assert type(got) is type(batch) and views == 2 and not got[0].flags.owndata
+        for a, b in zip(got, batch):
+            np.testing.assert_array_equal(a, b)
+    del x, y, heap, alloc, got, buf
+    gc.collect()
+
+
+def test_codec_rejects_a_flat_record_outside_the_slot(ring):
+    import pickle
+
+    slot = ring.grow(4096, OWNER)
+    buf = leased(ring, slot)
+    for record in ((4000, "<f8", (100,), (8,)), (-8, "<f8", (1,), (8,)), (0, "<f8", (2,), (-8,))):
+        payload = codec.FLAT + pickle.dumps((False, (record,)))
+        with pytest.raises(DescriptorError, match="outside the slot"):
+            codec.decode(payload, buf, slot.size_bytes)
+    del buf
+    gc.collect()

@@ -51,6 +51,7 @@ class Ledger:
     def __init__(self, ring: Ring) -> None:
         self.ring = ring
         self._inflight: dict[Key, TaskRecord] = {}
+        self._per_epoch: dict[int, int] = {}  # epoch -> tasks in flight: in_epoch() is O(1) (issue 16)
 
     # -- queries ---------------------------------------------------------------------------------
     def get(self, key: Key) -> TaskRecord | None:
@@ -64,7 +65,7 @@ class Ledger:
 
     def in_epoch(self, epoch: int) -> int:
         """How many tasks of ``epoch`` are in flight."""
-        return sum(1 for (e, _t) in self._inflight if e == epoch)
+        return self._per_epoch.get(epoch, 0)
 
     def records(self, keys: Iterable[Key] | None = None) -> Iterator[TaskRecord]:
         """The records of ``keys`` (default: all) that are in flight, in the given order."""
@@ -81,6 +82,7 @@ class Ledger:
         slot = self.ring.take(min_bytes, key) or self.ring.grow(min_bytes, key)
         rec = TaskRecord(epoch, task, indices, slot)
         self._inflight[key] = rec
+        self._per_epoch[epoch] = self._per_epoch.get(epoch, 0) + 1
         return rec
 
     def resize(self, rec: TaskRecord, min_bytes: int) -> None:
@@ -94,12 +96,12 @@ class Ledger:
             raise DescriptorError(f"task {rec.task} was given slot {slot.id}, but its worker's descriptor names "
                                   f"slot {slot_id}; nothing was viewed")
         self.ring.fill(slot, rec.key)
-        del self._inflight[rec.key]
+        self._forget(rec.key)
 
     def release(self, rec: TaskRecord) -> None:
         """The task ended without a batch to view (it failed, ran out of data, or belongs to an
         abandoned epoch): its slot, if it still holds one, goes back to the ring, once."""
-        self._inflight.pop(rec.key, None)
+        self._forget(rec.key)
         if rec.slot is not None:
             slot, rec.slot = rec.slot, None
             self.ring.free(slot, rec.key)
@@ -117,6 +119,14 @@ class Ledger:
             self.ring.free(slot, rec.key)
 
     # -- internals -------------------------------------------------------------------------------
+    def _forget(self, key: Key) -> None:
+        if self._inflight.pop(key, None) is not None:
+            left = self._per_epoch[key[0]] - 1
+            if left:
+                self._per_epoch[key[0]] = left
+            else:
+                del self._per_epoch[key[0]]
+
     def _slot(self, rec: TaskRecord) -> Slot:
         if rec.slot is None:
             raise DescriptorError(f"task {rec.task} (epoch {rec.epoch}) holds no slot any more; nothing was viewed")

@@ -12,7 +12,7 @@ fault was raised; workers and ring are shut) | closed (``close()``: a later ``ne
    others), and send the task;
 2. ``pop``: if the reorder buffer has the next task due, the ledger leases its slot to the user and
    the codec makes the views;
-3. ``wait`` (``engine.wait``): ONE ``multiprocessing.connection.wait`` over every worker's reply
+3. ``wait`` (``engine.wait``): ONE poll (as ``multiprocessing.connection.wait``) over every worker's reply
    pipe and process sentinel; process each reply; recover from each death through ``faults``.
 
 Every slot transition goes through the ledger, which names the task, so a slot is never freed or
@@ -193,10 +193,19 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     # -- 1. dispatch ---------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        while not self._sampler_done and self._ledger.in_epoch(self._epoch) + len(self._reorder) < self._capacity():
+        if self._sampler_done:
+            return
+        exhausted = self._exhausted()
+        capacity = self._dispatcher.capacity(exhausted)
+        in_pipeline = self._ledger.in_epoch(self._epoch) + len(self._reorder)
+        if in_pipeline >= capacity:
+            return
+        held = self._held()  # kept up to date below: built once per call, not once per task
+        workers = self._pool.workers
+        while in_pipeline < capacity:
             try:
                 self._skip_delivered()  # first, so the worker is chosen for the task number it runs
-                w = self._dispatcher.pick(self._next_task, self._held(), self._exhausted())
+                w = self._dispatcher.pick(self._next_task, held, exhausted)
                 if w is None:
                     return
                 indices = self._next_indices()
@@ -206,7 +215,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_bytes)
             self._next_task += 1
             self._flush_detach()
-            self._send(self._pool.workers[w], rec)
+            self._send(workers[w], rec)
+            held[w] += 1
+            in_pipeline += 1
 
     def _skip_delivered(self) -> None:
         """Resume: tasks delivered before the save are taken from the sampler, never dispatched.

@@ -2,11 +2,12 @@
 
 Owns nothing of its own: a mixin of ``MultiProcessIter`` (``mp_iterator.py``), which holds the
 pool, the ledger, the reorder buffer and the dispatcher this step reads and changes. Runs in the
-main process. Promises: ONE blocking ``multiprocessing.connection.wait`` over every worker's reply
-pipe and process sentinel, bounded only by ``timeout=`` and the per-task hang deadline, so a death
-is seen at once; each reply is processed exactly once, and its slot moves only through the ledger;
-a death is turned by ``faults`` into an error or into a replacement worker that gets the dead
-one's tasks again, each task delivered once.
+main process. Promises: ONE blocking wait (a ``select.poll`` kept across calls, which is what
+``multiprocessing.connection.wait`` does inside) over every worker's reply pipe and process
+sentinel, bounded only by ``timeout=`` and the per-task hang deadline, so a death is seen at once;
+each reply is processed exactly once, and its slot moves only through the ledger; a death is
+turned by ``faults`` into an error or into a replacement worker that gets the dead one's tasks
+again, each task delivered once.
 
 The named steps: ``wait`` → ``process`` (one reply) → ``on_death`` (decide) → ``restart`` or the
 fault raised at the next wait; ``on_quiet`` when the wait times out (``kill_hung`` or torch's
@@ -15,11 +16,12 @@ timeout error).
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import signal
 import time
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import Any
 
 from shmloader.engine import faults
@@ -66,24 +68,45 @@ class WaitAndRecover:
         if self._fault is not None:
             fault, self._fault = self._fault, None
             raise self._fail(fault)
-        workers = list(self._pool.workers)
-        by_conn = {w.results: w for w in workers}
-        by_sentinel = {w.process.sentinel: w for w in workers}
-        ready = wait([*by_conn, *by_sentinel], self._wait_timeout(started))
+        poller, by_fd = self._poller()
+        timeout_s = self._wait_timeout(started)
+        ready = poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1000))
         if not ready:
             self._on_quiet(started)
             return
         dead: list[WorkerHandle] = []
-        for obj in ready:
-            w = by_conn.get(obj)  # type: ignore[call-overload]
-            if w is None:
-                dead.append(by_sentinel[obj])  # type: ignore[index]
-            elif not self._drain(w):
+        for fd, _event in ready:  # one reply per ready pipe; the step loop comes back for more
+            w, is_sentinel = by_fd[fd]
+            if is_sentinel:
                 dead.append(w)
+                continue
+            try:
+                msg = w.results.recv()
+            except (EOFError, OSError):
+                dead.append(w)
+                continue
+            self._process(w, msg)
         for w in dict.fromkeys(dead):
             if self._fault is None and self._pool.workers[w.id] is w:
                 self._drain(w)
                 self._on_death(w, cause=None)
+
+    _poll_set: tuple[tuple[WorkerHandle, ...], Any, dict[int, tuple[WorkerHandle, bool]]] | None = None
+
+    def _poller(self) -> tuple[Any, dict[int, tuple[WorkerHandle, bool]]]:
+        """One ``select.poll`` over every worker's reply pipe and process sentinel — what
+        ``multiprocessing.connection.wait`` does, without building a selector per call (issue 16).
+        Rebuilt when the set of workers changes (a restart)."""
+        workers = tuple(self._pool.workers)
+        if self._poll_set is None or self._poll_set[0] != workers:
+            poller = select.poll()
+            by_fd: dict[int, tuple[WorkerHandle, bool]] = {}
+            for w in workers:
+                for fd, is_sentinel in ((w.results.fileno(), False), (w.process.sentinel, True)):
+                    poller.register(fd, select.POLLIN)
+                    by_fd[fd] = (w, is_sentinel)
+            self._poll_set = (workers, poller, by_fd)
+        return self._poll_set[1], self._poll_set[2]
 
     def _wait_timeout(self, started: float) -> float | None:
         deadlines = []
