@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
+from shmloader.cli.options import int_at_least
 from shmloader.config import Config, ConfigWarning, resolve_config
 from shmloader.config_fields import parse_size
 from shmloader.errors import ConfigError
@@ -322,14 +323,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64MiB, 1GiB)") from None
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return value
+_positive = int_at_least(1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

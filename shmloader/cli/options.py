@@ -10,6 +10,7 @@ line that holds it to :mod:`shmloader.cli.train` before this parser sees it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shmloader.cli.records import SPREAD_RULE
@@ -117,14 +118,22 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum``, refused with what was given (every cli command's)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = int_at_least(1)
 
 
 def _parse_workload(parser: argparse.ArgumentParser, name: str) -> Workload:

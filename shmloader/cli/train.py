@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shmloader.cli.measure import count_children
-from shmloader.cli.options import START_METHODS
+from shmloader.cli.options import START_METHODS, int_at_least
 from shmloader.cli.records import SPREAD_RULE, Spread, summarize
 from shmloader.cli.report import (
     collect_header,
@@ -130,21 +130,8 @@ def _build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
-    return value
+_positive = int_at_least(1)
+_non_negative = int_at_least(0)
 
 
 def _default_device() -> str:
