@@ -16,19 +16,9 @@ import time
 from collections.abc import Collection
 
 import numpy as np
+from fault_datasets import first_time
 
 import shmloader
-
-
-def first_time(once_dir: str, tag: str) -> bool:
-    """True the first time any process asks about ``tag`` (a marker file in ``once_dir``)."""
-    try:
-        fd = os.open(os.path.join(once_dir, tag), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
-
 
 GATE_LIMIT_S = 30.0  # a gate never opened fails the task instead of hanging the test
 
