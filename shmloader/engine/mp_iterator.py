@@ -38,9 +38,10 @@ from shmloader.engine.workers import WorkerHandle, WorkerPool
 from shmloader.errors import PluginError, rebuild_worker_exception
 from shmloader.owner import ProcessOwner
 from shmloader.transport import codec
-from shmloader.transport.messages import Detach, Failed, Reset, SlotRef, Task
+from shmloader.transport.messages import Detach, Failed, Reset
 from shmloader.transport.preflight import ring_slots
 from shmloader.transport.segment import page_round
+from shmloader.transport.wire import task_frame
 from shmloader.worker_info import task_seed
 
 FIRST_SLOT_BYTES = 1 << 20
@@ -244,8 +245,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         slot = rec.slot
         assert slot is not None, "a task is sent only while it holds its slot"
         try:
-            worker.send(Task(rec.epoch, rec.task, rec.indices, SlotRef(slot.id, slot.segment.name, slot.size_bytes),
-                             seed))
+            worker.send_frame(task_frame(rec.epoch, rec.task, rec.indices, slot.id, slot.segment.name, slot.size_bytes,
+                                         seed))
         except (BrokenPipeError, OSError):
             pass  # the worker is dead: its sentinel reports it and the task is handled there
 

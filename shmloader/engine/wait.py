@@ -29,6 +29,7 @@ from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
 from shmloader.log import logger
+from shmloader.transport import wire
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS
 from shmloader.transport.segment import explain_enospc, page_round
@@ -75,17 +76,18 @@ class WaitAndRecover:
             self._on_quiet(started)
             return
         dead: list[WorkerHandle] = []
-        for fd, _event in ready:  # one reply per ready pipe; the step loop comes back for more
+        for fd, _event in ready:  # every whole reply waiting on a ready pipe, one read each
             w, is_sentinel = by_fd[fd]
             if is_sentinel:
                 dead.append(w)
                 continue
             try:
-                msg = w.results.recv()
+                frames = w.replies.read()
             except (EOFError, OSError):
                 dead.append(w)
                 continue
-            self._process(w, msg)
+            for frame in frames:
+                self._process(w, wire.decode(frame))
         for w in dict.fromkeys(dead):
             if self._fault is None and self._pool.workers[w.id] is w:
                 self._drain(w)
@@ -121,8 +123,9 @@ class WaitAndRecover:
     def _drain(self, w: WorkerHandle) -> bool:
         """Process every reply waiting on ``w``'s pipe; False when the pipe is closed (worker gone)."""
         try:
-            while w.results.poll():
-                self._process(w, w.results.recv())
+            while w.results.poll():  # readable: a reply (or the part of one the reader waits for), or EOF
+                for frame in w.replies.read():
+                    self._process(w, wire.decode(frame))
         except (EOFError, OSError):
             return False
         return True

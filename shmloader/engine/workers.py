@@ -27,6 +27,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from shmloader.log import logger
+from shmloader.transport.wire import FrameReader, write_frame
 from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
@@ -45,6 +46,10 @@ class WorkerHandle:
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
+    replies: FrameReader = field(init=False)  # every reply waiting on ``results``, one read (issue 16)
+
+    def __post_init__(self) -> None:
+        self.replies = FrameReader(self.results.fileno())
 
     @property
     def pid(self) -> int | None:
@@ -52,6 +57,10 @@ class WorkerHandle:
 
     def send(self, msg: Any) -> None:
         self.tasks.send(msg)
+
+    def send_frame(self, payload: bytes) -> None:
+        """Send an encoded message (``wire.task_frame``): one write, no pickler set-up."""
+        write_frame(self.tasks.fileno(), payload)
 
     def push(self, key: tuple[int, int]) -> None:
         if not self.outstanding:

@@ -31,7 +31,7 @@ import numpy as np
 from shmloader import worker_info
 from shmloader.collate import collate, default_convert
 from shmloader.collate.context import SlotFull, heap_alloc
-from shmloader.transport import codec
+from shmloader.transport import codec, wire
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
     Detach,
@@ -187,9 +187,11 @@ class _Worker:
                     return
                 continue
             try:
-                msg = tasks.recv()
+                frame = tasks.recv_bytes()
             except (EOFError, OSError):
                 return
+            try:
+                msg = wire.decode(frame)
             except Exception:  # a task that does not unpickle here: report it, keep serving
                 _send(self.results, _failure(self.epoch, None, sys.exc_info()))
                 continue

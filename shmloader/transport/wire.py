@@ -1,0 +1,103 @@
+"""Framing on the workers' pipes: the hot-path encodings and a reader that takes every waiting reply.
+
+The pipes carry ``multiprocessing.connection`` frames: a 4-byte big-endian length (or ``-1`` and
+an 8-byte length, for 2 GiB and more) and a payload, which is a pickle. Two things here are
+faster than ``Connection.send``/``recv`` and speak the same framing, so either end may still use
+``Connection`` for the rare messages:
+
+- ``task_frame``: a ``Task`` as a tagged pickle of a plain tuple (no ``ForkingPickler``, no
+  ``__reduce__`` per object), which ``decode`` in the worker turns back into a ``Task``;
+- ``FrameReader``: in the main process, one ``os.read`` takes every reply a worker has written so
+  far (a ``Connection.recv`` costs two reads per reply), and a frame cut in two by the pipe waits
+  in its buffer for the rest.
+
+Owns nothing but the reader's buffer of bytes not yet parsed. Promises: a frame is returned once,
+whole, in the order written; a closed pipe is ``EOFError`` once every whole frame before it has
+been returned.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from typing import Any
+
+from shmloader.transport.messages import SlotRef, Task
+
+__all__ = ["FrameReader", "decode", "task_frame", "write_frame"]
+
+TASK_TAG = b"T"  # a pickle payload starts with b"\x80" (PROTOCOL 2+): the tag cannot be mistaken
+_HEADER = struct.Struct("!i")
+_LONG = struct.Struct("!Q")
+_READ_BYTES = 1 << 16
+
+
+def task_frame(epoch: int, task: int, indices: list[Any] | None, slot_id: int, segment: str, size_bytes: int,
+               seed: int | None) -> bytes:
+    """The payload of one ``Task`` message: the task's fields and its ``SlotRef``'s (``decode``
+    reverses it)."""
+    return TASK_TAG + pickle.dumps((epoch, task, indices, slot_id, segment, size_bytes, seed), pickle.HIGHEST_PROTOCOL)
+
+
+def decode(payload: bytes) -> Any:
+    """A message from its frame's payload: a tagged task, or any pickled message."""
+    if payload[:1] == TASK_TAG:
+        epoch, task, indices, slot_id, name, size, seed = pickle.loads(memoryview(payload)[1:])
+        return Task(epoch, task, indices, SlotRef(slot_id, name, size), seed)
+    return pickle.loads(payload)
+
+
+def write_frame(fd: int, payload: bytes) -> None:
+    """Write one frame in the framing ``Connection.recv_bytes`` reads (one ``write`` when small)."""
+    n = len(payload)
+    data = _HEADER.pack(n) + payload if n < 0x7FFFFFFF else _HEADER.pack(-1) + _LONG.pack(n) + payload
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class FrameReader:
+    """Whole frames from a pipe's read end, as many as have arrived, without blocking once the
+    pipe is readable."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = bytearray()
+
+    def read(self) -> list[bytes]:
+        """One ``os.read`` (call it when the pipe polls readable); the whole frames now buffered.
+        ``EOFError`` when the writer has closed its end and no whole frame is left."""
+        chunk = os.read(self.fd, max(_READ_BYTES, self._missing()))
+        if not chunk:
+            raise EOFError(f"pipe {self.fd} closed")
+        self._buf += chunk
+        return self._frames()
+
+    def _missing(self) -> int:
+        """Bytes still to come for the frame at the head of the buffer (0 when unknown)."""
+        buf = self._buf
+        if len(buf) < 4:
+            return 0
+        n = _HEADER.unpack_from(buf)[0]
+        if n == -1:
+            return _LONG.unpack_from(buf, 4)[0] + 12 - len(buf) if len(buf) >= 12 else 0
+        return n + 4 - len(buf)
+
+    def _frames(self) -> list[bytes]:
+        buf, pos, out = self._buf, 0, []
+        end = len(buf)
+        while end - pos >= 4:
+            n = _HEADER.unpack_from(buf, pos)[0]
+            start = pos + 4
+            if n == -1:
+                if end - pos < 12:
+                    break
+                n = _LONG.unpack_from(buf, start)[0]
+                start += 8
+            if end - start < n:
+                break
+            out.append(bytes(buf[start:start + n]))
+            pos = start + n
+        del buf[:pos]
+        return out
