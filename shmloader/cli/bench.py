@@ -9,13 +9,14 @@ measurement. ``--train`` hands the command line to the end-to-end training bench
 A *case* is one workload (:mod:`shmloader.cli.workloads`) with one ``num_workers``. Every round
 measures every case once with each loader, shmloader first in even rounds and torch first in odd
 ones, so that a slow drift of the machine weighs on both; then, once per workload and round, the
-copy limit (:mod:`shmloader.cli.copylimit`) with ``max(--workers)`` processes. ``--repeat`` rounds
-in all. The report (:mod:`shmloader.cli.report`) gives, per loader, the median over the rounds of
-batches/s, its range and spread (flagged when too wide to trust), GB/s, time to first batch and
-main-process CPU per batch; per case, the ratios of medians shmloader/torch; per shmloader row at
-``max(--workers)``, its fraction of the copy limit. ``--json`` adds every round's figures. With
-``--device cuda`` batches are moved to the GPU as a training loop would, and a table of
-host-to-device copy bandwidth by source buffer is added.
+copy limit (:mod:`shmloader.cli.copylimit`) with ``max(--workers)`` processes, one reused buffer
+each, and the ring copy limit, the same processes each rotating over its share of a loader's ring
+slots. ``--repeat`` rounds in all. The report (:mod:`shmloader.cli.report`) gives, per loader, the
+median over the rounds of batches/s, its range and spread (flagged when too wide to trust), GB/s,
+time to first batch and main-process CPU per batch; per case, the ratios of medians
+shmloader/torch; per shmloader row at ``max(--workers)``, its fraction of each copy limit.
+``--json`` adds every round's figures. With ``--device cuda`` batches are moved to the GPU as a
+training loop would, and a table of host-to-device copy bandwidth by source buffer is added.
 
 Exit status: 0 when every measurement succeeded, 1 when one failed (it is reported and the rest
 still run), 2 for a usage error or a missing requirement (no CUDA for ``--device cuda``).
@@ -28,7 +29,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from shmloader.cli.copylimit import measure_copy_limit
+from shmloader.cli.copylimit import measure_copy_limit, ring_buffers_per_process
 from shmloader.cli.measure import measure, shmloader_loader_class
 from shmloader.cli.options import Options, parse_args
 from shmloader.cli.progress import Progress
@@ -41,7 +42,7 @@ from shmloader.cli.report import (
     format_results,
     to_json_document,
 )
-from shmloader.cli.workloads import measure_h2d
+from shmloader.cli.workloads import Workload, measure_h2d
 
 __all__ = ["Options", "main", "parse_args", "round_order"]
 
@@ -107,19 +108,22 @@ def _run(opts: Options) -> int:
     header = collect_header(opts.start_method, opts.device, _header_extra(opts))
     results: list[Measurement] = []
     limits: list[CopyLimitRun] = []
-    per_round = len(opts.workloads) * (len(opts.workers) * len(opts.loaders) + (opts.copy_limit_processes > 0))
+    rings: list[CopyLimitRun] = []
+    limit_steps = 2 if opts.copy_limit_processes > 0 else 0
+    per_round = len(opts.workloads) * (len(opts.workers) * len(opts.loaders) + limit_steps)
     with Progress(total=per_round * opts.repeat) as progress:
         for r in range(opts.repeat):
-            _run_round(opts, r, progress, results, limits)
+            _run_round(opts, r, progress, results, limits, rings)
         h2d = _bandwidth_table(opts, progress) if opts.device != "cpu" else []
-    _emit(opts, header, results, limits, h2d)
-    failed = any(not m.ok or m.leftover_children for m in results) or any(not c.ok for c in limits)
+    _emit(opts, header, results, limits, rings, h2d)
+    failed = any(not m.ok or m.leftover_children for m in results) or any(not c.ok for c in limits + rings)
     return 1 if failed else 0
 
 
 def _run_round(opts: Options, r: int, progress: Progress, results: list[Measurement],
-               limits: list[CopyLimitRun]) -> None:  # fmt: skip
-    """Round ``r``: every case with each loader (in :func:`round_order`), then each copy limit."""
+               limits: list[CopyLimitRun], rings: list[CopyLimitRun]) -> None:  # fmt: skip
+    """Round ``r``: every case with each loader (in :func:`round_order`), then each workload's copy
+    limit (one buffer per process) and ring copy limit (:func:`ring_buffers_per_process` buffers)."""
     step = f"round {r + 1}/{opts.repeat}:"
     for workload in opts.workloads:
         for num_workers in opts.workers:
@@ -127,9 +131,19 @@ def _run_round(opts: Options, r: int, progress: Progress, results: list[Measurem
                 progress.step(f"{step} {workload.name} workers={num_workers} {name}")
                 results.append(measure(name, workload, num_workers, opts, r, position))
         if opts.copy_limit_processes > 0:
-            progress.step(f"{step} {workload.name} copy limit")
-            limits.append(measure_copy_limit(workload, opts.copy_limit_processes,
-                                             opts.batches_for(workload), opts.start_method, r))  # fmt: skip
+            _run_limits(opts, workload, r, progress, limits, rings)
+
+
+def _run_limits(opts: Options, workload: Workload, r: int, progress: Progress,
+                limits: list[CopyLimitRun], rings: list[CopyLimitRun]) -> None:  # fmt: skip
+    """One workload's copy limit (appended to ``limits``), then its ring copy limit (to ``rings``):
+    the same processes and batches, one buffer per process against a ring's share."""
+    processes = opts.copy_limit_processes
+    for name, buffers, runs in (("copy limit", 1, limits),
+                                ("ring copy limit", ring_buffers_per_process(processes), rings)):  # fmt: skip
+        progress.step(f"round {r + 1}/{opts.repeat}: {workload.name} {name}")
+        runs.append(measure_copy_limit(workload, processes, opts.batches_for(workload),
+                                       opts.start_method, r, buffers=buffers))  # fmt: skip
 
 
 def _header_extra(opts: Options) -> dict[str, Any]:
@@ -138,6 +152,8 @@ def _header_extra(opts: Options) -> dict[str, Any]:
         "round_order": "even rounds: " + " then ".join(round_order(opts.loaders, 0))
                        + "; odd rounds: the reverse",
         "copy_limit_processes": opts.copy_limit_processes,
+        "ring_copy_limit_buffers_per_process":
+            ring_buffers_per_process(opts.copy_limit_processes) if opts.copy_limit_processes else 0,
     }  # fmt: skip
     if "torch" in opts.loaders and _torch_available():
         import torch
@@ -164,12 +180,12 @@ def _hook_costs() -> str:
     return ", ".join(f"{cost:.1f} ({n} extra observers)" for n, cost in costs.items())
 
 
-def _emit(opts: Options, header: dict[str, Any], results: list[Measurement],
-          limits: list[CopyLimitRun], h2d: list[Bandwidth]) -> None:  # fmt: skip
+def _emit(opts: Options, header: dict[str, Any], results: list[Measurement], limits: list[CopyLimitRun],
+          rings: list[CopyLimitRun], h2d: list[Bandwidth]) -> None:  # fmt: skip
     human = sys.stderr if opts.json else sys.stdout
-    text = format_header(header) + "\n\n" + format_results(results, limits)
-    if limits:
-        text += "\n\n" + format_copy_limits(limits)
+    text = format_header(header) + "\n\n" + format_results(results, limits, rings)
+    if limits or rings:
+        text += "\n\n" + format_copy_limits(limits, rings)
     if h2d:
         text += "\n\n" + format_bandwidth(h2d)
     print(text, file=human)
@@ -179,7 +195,7 @@ def _emit(opts: Options, header: dict[str, Any], results: list[Measurement],
         title = f"shmloader vs torch, {header['affinity_cpus']} cpus, {opts.start_method}"
         write_plot(results, opts.plot, title, out=human)
     if opts.json:
-        json.dump(to_json_document(header, results, limits, h2d), sys.stdout, indent=2)
+        json.dump(to_json_document(header, results, limits, h2d, rings), sys.stdout, indent=2)
         print(file=sys.stdout)
 
 

@@ -1,18 +1,26 @@
-"""The copy limit: how fast N processes can do a loader worker's one necessary copy and nothing else.
+"""The copy limits: how fast N processes can do a loader worker's one necessary copy and nothing else.
 
-Owns the measurement behind the benchmark's *of copy limit* column. A shmloader worker must write
-each batch once (collation); here ``processes`` processes each stack the workload's samples into a
-reused buffer of the batch's shape (``np.stack(samples, out=buffer)`` per field) in a loop: no
-dataset call, no IPC, no consumer. Their aggregate batches/s bounds what any loader with that many
-workers can deliver on this machine; shmloader's rate divided by it says how much of the machine's
-copy throughput reaches the training loop.
+Owns the measurements behind the benchmark's *of copy limit* and *of ring limit* columns. A
+shmloader worker must write each batch once (collation); here ``processes`` processes each stack
+the workload's samples into buffers of the batch's shape (``np.stack(samples, out=buffer)`` per
+field) in a loop: no dataset call, no IPC, no consumer. Their aggregate batches/s bounds what any
+loader with that many workers can deliver on this machine; shmloader's rate divided by it says how
+much of the machine's copy throughput reaches the training loop.
+
+The *copy limit* reuses one buffer per process, which stays cache-resident when a batch fits the
+last-level cache, so it is a flattering bound. The *ring copy limit* rotates each process's writes
+over :func:`ring_buffers_per_process` buffers, the share of a loader's ring slots
+(:func:`shmloader.transport.preflight.ring_slots` at :data:`RING_PREFETCH_FACTOR`) that one of its
+workers must write through while the consumer holds the batches before them. Both are one
+function, :func:`measure_copy_limit`, parametrised by ``buffers``.
 
 Runs in the benchmark's main process, which starts the processes with the benchmark's start
 method, and in those processes (:func:`_stack_loop`, module level so that spawn can import it).
-Promises: all processes start their clocks after one barrier, and the run is timed from the
-earliest start to the latest end (``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for
-every process); :func:`measure_copy_limit` never raises and leaves no process behind (each is
-joined, or killed after :data:`_JOIN_TIMEOUT_S`).
+Promises: every buffer is allocated and written once before the barrier; all processes start their
+clocks after one barrier, and the run is timed from the earliest start to the latest end
+(``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process);
+:func:`measure_copy_limit` never raises and leaves no process behind (each is joined, or killed
+after :data:`_JOIN_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -27,33 +35,48 @@ import numpy as np
 
 from shmloader.cli.records import CopyLimitRun
 from shmloader.cli.workloads import Workload
+from shmloader.transport.preflight import ring_slots
 
-__all__ = ["measure_copy_limit"]
+__all__ = ["RING_PREFETCH_FACTOR", "measure_copy_limit", "ring_buffers_per_process"]
+
+# torch's default prefetch_factor, which both of the benchmark's loaders run with.
+RING_PREFETCH_FACTOR = 2
 
 _JOIN_TIMEOUT_S = 300.0
 _BARRIER_TIMEOUT_S = 120.0
 
 
+def ring_buffers_per_process(processes: int) -> int:
+    """Buffers each of ``processes`` workers rotates through: its share of the loader's ring slots."""
+    workers = max(processes, 1)
+    return math.ceil(ring_slots(workers, RING_PREFETCH_FACTOR) / workers)
+
+
 def measure_copy_limit(workload: Workload, processes: int, batches: int, start_method: str,
-                       round_index: int = 0) -> CopyLimitRun:  # fmt: skip
-    """``batches`` batches stacked by ``processes`` processes (the count rounded up to share evenly)."""
+                       round_index: int = 0, buffers: int = 1) -> CopyLimitRun:  # fmt: skip
+    """``batches`` batches stacked by ``processes`` processes (the count rounded up to share evenly).
+
+    Each process rotates its writes over ``buffers`` buffers of the batch's shape: 1 for the copy
+    limit, :func:`ring_buffers_per_process` for the ring copy limit.
+    """
     per_process = math.ceil(batches / processes)
     total = per_process * processes
     try:
-        spans = _run_processes(workload, processes, per_process, start_method)
+        spans = _run_processes(workload, processes, per_process, start_method, buffers)
     except Exception as exc:  # reported with the copy limit; the benchmark goes on
         return CopyLimitRun(workload.name, processes, workload.batch_bytes, total, 0.0, round_index,
-                            error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                            error=f"{type(exc).__name__}: {exc}", buffers_per_process=buffers)  # fmt: skip
     seconds = max(end for _, end in spans) - min(start for start, _ in spans)
-    return CopyLimitRun(workload.name, processes, workload.batch_bytes, total, seconds, round_index)
+    return CopyLimitRun(workload.name, processes, workload.batch_bytes, total, seconds, round_index,
+                        buffers_per_process=buffers)  # fmt: skip
 
 
 def _run_processes(workload: Workload, processes: int, per_process: int,
-                   start_method: str) -> list[tuple[float, float]]:  # fmt: skip
+                   start_method: str, buffers: int) -> list[tuple[float, float]]:  # fmt: skip
     ctx: Any = multiprocessing.get_context(start_method)
     barrier = ctx.Barrier(processes)
     pipes = [ctx.Pipe(duplex=False) for _ in range(processes)]
-    procs = [ctx.Process(target=_stack_loop, args=(workload, per_process, barrier, send),
+    procs = [ctx.Process(target=_stack_loop, args=(workload, per_process, buffers, barrier, send),
                          name=f"shmloader-copy-limit-{k}", daemon=True)
              for k, (_, send) in enumerate(pipes)]  # fmt: skip
     try:
@@ -90,20 +113,27 @@ def _reap(procs: list[Any]) -> None:
             proc.join()
 
 
-def _stack_loop(workload: Workload, batches: int, barrier: Any, send: Connection) -> None:
-    """In a copy-limit process: stack ``batches`` batches after the barrier; send (start, end)."""
+def _stack_loop(workload: Workload, batches: int, buffers: int, barrier: Any, send: Connection) -> None:
+    """In a copy-limit process: stack ``batches`` batches after the barrier, batch ``k`` into
+    buffer ``k % buffers``; send (start, end)."""
     dataset = workload.dataset(1)
     samples = [dataset[i] for i in range(workload.batch_size)]
     columns = [[s[k] for s in samples] for k in range(len(workload.fields))] if len(workload.fields) > 1 \
         else [samples]  # fmt: skip
-    buffers = [np.empty((workload.batch_size, *f.shape), dtype=f.dtype) for f in workload.fields]
-    _stack_once(columns, buffers)  # the buffers' pages are faulted in before the clock starts
+    ring = [_batch_buffer(workload) for _ in range(buffers)]
+    for batch in ring:
+        _stack_once(columns, batch)  # every buffer's pages are faulted in before the clock starts
     barrier.wait(_BARRIER_TIMEOUT_S)
     start = time.perf_counter()
-    for _ in range(batches):
-        _stack_once(columns, buffers)
+    for k in range(batches):
+        _stack_once(columns, ring[k % buffers])
     send.send((start, time.perf_counter()))
     send.close()
+
+
+def _batch_buffer(workload: Workload) -> list[np.ndarray]:
+    """One batch's destination: an array of the batch's shape per field."""
+    return [np.empty((workload.batch_size, *f.shape), dtype=f.dtype) for f in workload.fields]
 
 
 def _stack_once(columns: list[list[Any]], buffers: list[np.ndarray]) -> None:

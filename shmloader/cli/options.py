@@ -98,7 +98,8 @@ def _build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_REPEAT}); the table gives medians, the range, and flags with '!' "
                         f"a spread too wide to trust: {SPREAD_RULE}".replace("%", "%%"))
     p.add_argument("--no-copy-limit", action="store_true",
-                   help="skip the copy limit (np.stack(out=) alone in max(--workers) processes)")
+                   help="skip both copy limits (np.stack(out=) alone in max(--workers) processes, "
+                        "into one buffer each and rotating over a ring's share)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON document on stdout; the table goes to stderr")
     p.add_argument("--no-torch", action="store_true", help="measure shmloader only")

@@ -2,8 +2,10 @@
 
 Owns what ``python -m shmloader bench`` measured (:class:`Measurement`, :class:`CopyLimitRun`,
 :class:`Bandwidth`) and the pure arithmetic over repeated rounds (:class:`Spread`,
-:func:`summarize_loaders`, :func:`compare_loaders`, :func:`summarize_copy_limits`). Runs in the
-benchmark's main process; no I/O, no clock, no torch.
+:func:`summarize_loaders`, :func:`compare_loaders`, :func:`summarize_copy_limits`). A copy limit
+and a ring copy limit are the same record (:class:`CopyLimitRun`), told apart by how many buffers
+each process rotated over; callers keep the two in separate sequences. Runs in the benchmark's
+main process; no I/O, no clock, no torch.
 
 Promises: every rate is derived from recorded counts and seconds, never estimated; a summary uses
 only the rounds that succeeded; a ratio is a ratio of medians, shmloader divided by torch, for the
@@ -89,10 +91,11 @@ class Measurement:
 
 @dataclass(frozen=True, slots=True)
 class CopyLimitRun:
-    """One round of the copy limit: ``processes`` each stacking batches, nothing else.
+    """One round of a copy limit: ``processes`` each stacking batches, nothing else.
 
     ``batches`` in all (over every process) between the first process's start and the last one's
-    end, ``seconds`` apart.
+    end, ``seconds`` apart; each process rotated its writes over ``buffers_per_process`` buffers
+    (1: the copy limit; more: the ring copy limit).
     """
 
     workload: str
@@ -102,6 +105,7 @@ class CopyLimitRun:
     seconds: float
     round_index: int = 0
     error: str | None = None
+    buffers_per_process: int = 1
 
     @property
     def ok(self) -> bool:
@@ -182,6 +186,7 @@ class LoaderSummary:
     first_batch_s: Spread | None
     cpu_s_per_batch: Spread | None
     copy_limit_fraction: float | None = None  # shmloader's median rate over the copy limit's
+    ring_limit_fraction: float | None = None  # ... over the ring copy limit's
 
     @property
     def ok(self) -> bool:
@@ -195,7 +200,8 @@ class LoaderSummary:
         record: dict[str, Any] = {"workload": self.workload, "num_workers": self.num_workers,
                                   "loader": self.loader, "rounds": self.rounds,
                                   "failed_rounds": self.failed_rounds,
-                                  "copy_limit_fraction": self.copy_limit_fraction}  # fmt: skip
+                                  "copy_limit_fraction": self.copy_limit_fraction,
+                                  "ring_limit_fraction": self.ring_limit_fraction}  # fmt: skip
         for key in ("batches_per_s", "gb_per_s", "first_batch_s", "cpu_s_per_batch"):
             spread = getattr(self, key)
             record[key] = spread.to_dict() if spread is not None else None
@@ -236,7 +242,7 @@ class Ratio:
 
 @dataclass(frozen=True, slots=True)
 class CopyLimitSummary:
-    """The copy limit of one workload over its rounds."""
+    """A copy limit (one or ``buffers_per_process`` buffers) of one workload over its rounds."""
 
     workload: str
     processes: int
@@ -244,12 +250,13 @@ class CopyLimitSummary:
     rounds: int
     failed_rounds: int
     batches_per_s: Spread | None
+    buffers_per_process: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         spread = self.batches_per_s
         return {"workload": self.workload, "processes": self.processes,
                 "batch_bytes": self.batch_bytes, "rounds": self.rounds,
-                "failed_rounds": self.failed_rounds,
+                "failed_rounds": self.failed_rounds, "buffers_per_process": self.buffers_per_process,
                 "batches_per_s": spread.to_dict() if spread is not None else None}  # fmt: skip
 
 
@@ -257,14 +264,15 @@ def _spread_of(items: Iterable[Any], value: Callable[[Any], float]) -> Spread | 
     return summarize([value(item) for item in items])
 
 
-def summarize_loaders(results: Sequence[Measurement],
-                      copy_limits: Sequence[CopyLimitRun] = ()) -> list[LoaderSummary]:  # fmt: skip
+def summarize_loaders(results: Sequence[Measurement], copy_limits: Sequence[CopyLimitRun] = (),
+                      ring_limits: Sequence[CopyLimitRun] = ()) -> list[LoaderSummary]:  # fmt: skip
     """One summary per (workload, num_workers, loader), in the order first measured.
 
-    A shmloader summary carries its fraction of the copy limit when one was measured for its
-    workload with exactly ``num_workers`` processes.
+    A shmloader summary carries its fraction of the copy limit, and of the ring copy limit, when
+    that limit was measured for its workload with exactly ``num_workers`` processes.
     """
     limits = {s.workload: s for s in summarize_copy_limits(copy_limits)}
+    rings = {s.workload: s for s in summarize_copy_limits(ring_limits)}
     groups: dict[tuple[str, int, str], list[Measurement]] = {}
     for m in results:
         groups.setdefault((m.workload, m.num_workers, m.loader), []).append(m)
@@ -272,14 +280,15 @@ def summarize_loaders(results: Sequence[Measurement],
     for (workload, num_workers, loader), rounds in groups.items():
         ok = [m for m in rounds if m.ok]
         rate = _spread_of(ok, lambda m: m.batches_per_s)
-        limit = limits.get(workload) if loader == "shmloader" else None
+        shm = loader == "shmloader"
         summaries.append(LoaderSummary(
             workload, num_workers, loader, len(rounds), len(rounds) - len(ok),
             batches_per_s=rate,
             gb_per_s=_spread_of(ok, lambda m: m.gb_per_s),
             first_batch_s=_spread_of(ok, lambda m: m.first_batch_s),
             cpu_s_per_batch=_spread_of(ok, lambda m: m.cpu_s_per_batch),
-            copy_limit_fraction=_fraction_of(rate, limit, num_workers),
+            copy_limit_fraction=_fraction_of(rate, limits.get(workload) if shm else None, num_workers),
+            ring_limit_fraction=_fraction_of(rate, rings.get(workload) if shm else None, num_workers),
         ))  # fmt: skip
     return summaries
 
@@ -291,16 +300,16 @@ def _fraction_of(rate: Spread | None, limit: CopyLimitSummary | None, num_worker
 
 
 def summarize_copy_limits(runs: Sequence[CopyLimitRun]) -> list[CopyLimitSummary]:
-    """One summary per workload, in the order first measured."""
-    groups: dict[str, list[CopyLimitRun]] = {}
+    """One summary per (workload, buffers per process), in the order first measured."""
+    groups: dict[tuple[str, int], list[CopyLimitRun]] = {}
     for run in runs:
-        groups.setdefault(run.workload, []).append(run)
+        groups.setdefault((run.workload, run.buffers_per_process), []).append(run)
     summaries = []
-    for workload, rounds in groups.items():
+    for (workload, buffers), rounds in groups.items():
         ok = [r for r in rounds if r.ok]
         summaries.append(CopyLimitSummary(
             workload, rounds[0].processes, rounds[0].batch_bytes, len(rounds), len(rounds) - len(ok),
-            _spread_of(ok, lambda r: r.batches_per_s),
+            _spread_of(ok, lambda r: r.batches_per_s), buffers,
         ))  # fmt: skip
     return summaries
 

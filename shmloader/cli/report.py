@@ -4,10 +4,13 @@ Owns the shape of ``python -m shmloader bench`` output. Runs in the benchmark's 
 Promises: the JSON document (:func:`to_json_document`) has the keys ``header``, ``results`` (one
 record per loader per round), ``summaries`` (medians and ranges per loader), ``ratios`` (ratios of
 medians, shmloader over torch, with each round's rate ratio), ``copy_limit`` (its rounds and
-summaries) and ``h2d``; the text table labels each ratio with its direction (a rate ratio: higher
-is better; a time ratio: lower is better) and marks with ``!`` every figure whose spread is too
-wide to trust (:data:`shmloader.cli.records.SPREAD_RULE`), with a footnote. Neither matplotlib nor
-torch is imported here.
+summaries: one buffer per process), ``ring_copy_limit`` (the same, each process rotating over its
+share of a loader's ring slots, with the prefetch factor that share assumes) and ``h2d``; a
+shmloader summary has ``copy_limit_fraction`` and ``ring_limit_fraction``. The text table labels
+each ratio with its direction (a rate ratio: higher is better; a time ratio: lower is better) and
+marks with ``!`` every figure whose spread is too wide to trust
+(:data:`shmloader.cli.records.SPREAD_RULE`), with a footnote. Neither matplotlib nor torch is
+imported here.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from shmloader.cli.copylimit import RING_PREFETCH_FACTOR
 from shmloader.cli.records import (
     SPREAD_LIMIT,
     SPREAD_RULE,
     Bandwidth,
     CopyLimitRun,
+    CopyLimitSummary,
     LoaderSummary,
     Measurement,
     Ratio,
@@ -116,18 +121,19 @@ _RESULT_COLUMNS = (
     ("batches/s", "(median)"), ("batches/s", "(min-max)"), ("spread", "(max-min)/med"),
     ("GB/s", "(median)"), ("first batch", "(median)"), ("main CPU", "per batch"),
     ("rate ratio (rounds' min-max)", "(higher=better)"), ("first-batch time ratio", "(lower=better)"),
-    ("of copy limit", "(rate/limit)"),
+    ("of copy limit", "(rate/limit)"), ("of ring limit", "(rate/limit)"),
 )  # fmt: skip
 
 
-def format_results(results: Sequence[Measurement], copy_limits: Sequence[CopyLimitRun] = ()) -> str:
+def format_results(results: Sequence[Measurement], copy_limits: Sequence[CopyLimitRun] = (),
+                   ring_limits: Sequence[CopyLimitRun] = ()) -> str:  # fmt: skip
     """The main table (one row per loader: medians over the rounds), its footnotes, its problems."""
     ratios = {(r.workload, r.num_workers): r for r in compare_loaders(results)}
     rows = [_summary_row(s, ratios.get((s.workload, s.num_workers)) if s.loader == "shmloader" else None)
-            for s in summarize_loaders(results, copy_limits)]  # fmt: skip
+            for s in summarize_loaders(results, copy_limits, ring_limits)]  # fmt: skip
     rounds = max((m.round_index + 1 for m in results), default=0)
     notes = _footnotes(rounds, any(WIDE_MARK in cell for row in rows for cell in row),
-                       ratios=bool(ratios), limits=bool(copy_limits))  # fmt: skip
+                       ratios=bool(ratios), limits=bool(copy_limits), rings=bool(ring_limits))  # fmt: skip
     columns, rows = _drop_empty_columns(_RESULT_COLUMNS, rows, first=_FIRST_OPTIONAL_COLUMN)
     return format_table(columns, rows, left=3) + "\n" + notes + _problems(results)
 
@@ -157,8 +163,13 @@ def _summary_row(s: LoaderSummary, ratio: Ratio | None) -> tuple[str, ...]:
         format_seconds(s.cpu_s_per_batch.median),
         _rate_ratio_cell(ratio) if ratio else "",
         f"{ratio.first_batch_ratio:.2f}x" if ratio else "",
-        f"{s.copy_limit_fraction:.0%}" if s.copy_limit_fraction is not None else "",
+        _percent(s.copy_limit_fraction),
+        _percent(s.ring_limit_fraction),
     )
+
+
+def _percent(fraction: float | None) -> str:
+    return f"{fraction:.0%}" if fraction is not None else ""
 
 
 def format_spread(spread: Spread) -> str:
@@ -178,7 +189,7 @@ def _rate_ratio_cell(ratio: Ratio) -> str:
     return text + (f" {WIDE_MARK}" if ratio.wide else "")
 
 
-def _footnotes(rounds: int, any_wide: bool, ratios: bool, limits: bool) -> str:
+def _footnotes(rounds: int, any_wide: bool, ratios: bool, limits: bool, rings: bool = False) -> str:
     lines = [f"Figures are medians of {rounds} round(s), the loaders' order alternating by round."]
     if ratios:
         lines.append("Ratios are shmloader / torch, ratios of medians. rate ratio: batches/s "
@@ -189,6 +200,9 @@ def _footnotes(rounds: int, any_wide: bool, ratios: bool, limits: bool) -> str:
     if limits:
         lines.append("of copy limit: shmloader's median batches/s over the copy limit's, on rows "
                      "whose workers equal the copy limit's processes (table below).")  # fmt: skip
+    if rings:
+        lines.append("of ring limit: the same over the ring copy limit's, whose processes rotate "
+                     "over their share of a loader's ring slots (table below).")  # fmt: skip
     if rounds == 1:
         lines.append("One round: no spread was measured (use --repeat 3 or more).")
     if any_wide:
@@ -206,24 +220,34 @@ def _problems(results: Sequence[Measurement]) -> str:
     return "\nproblems:\n" + "\n".join(lines) if lines else ""
 
 
-def format_copy_limits(runs: Sequence[CopyLimitRun]) -> str:
-    """The copy limit's table: one row per workload, medians over the rounds."""
-    columns = (("workload", ""), ("processes", ""), ("batches/s", "(median)"),
-               ("batches/s", "(min-max)"), ("spread", "(max-min)/med"), ("GB/s", "(median)"))  # fmt: skip
-    rows = []
-    for s in summarize_copy_limits(runs):
-        rate = s.batches_per_s
-        if rate is None:
-            rows.append((s.workload, str(s.processes), "failed", "-", "-", "-"))
-            continue
-        rows.append((s.workload, str(s.processes), f"{rate.median:,.1f}",
-                     f"{rate.low:,.1f}-{rate.high:,.1f}" if rate.n > 1 else "-",
-                     format_spread(rate), f"{rate.median * s.batch_bytes / 1e9:.3f}"))  # fmt: skip
-    errors = [f"  {r.workload} round {r.round_index + 1}: {r.error}" for r in runs if r.error]
-    title = ("copy limit: np.stack(samples, out=buffer) into a reused buffer of the batch's shape, "
-             "in N processes doing nothing else (no IPC, no consumer):")  # fmt: skip
-    return title + "\n" + format_table(columns, rows, left=1) + (
+def format_copy_limits(runs: Sequence[CopyLimitRun], ring_runs: Sequence[CopyLimitRun] = ()) -> str:
+    """The copy limits' table: per workload, a row for the copy limit then one for the ring copy
+    limit (each with its buffers per process), medians over the rounds; then their failures."""
+    columns = (("workload", ""), ("limit", ""), ("processes", ""), ("buffers", "per process"),
+               ("batches/s", "(median)"), ("batches/s", "(min-max)"), ("spread", "(max-min)/med"),
+               ("GB/s", "(median)"))  # fmt: skip
+    labelled = [("copy", s) for s in summarize_copy_limits(runs)] + \
+        [("ring", s) for s in summarize_copy_limits(ring_runs)]  # fmt: skip
+    workloads = dict.fromkeys(s.workload for _, s in labelled)  # in the order first measured
+    rows = [_limit_row(label, s) for w in workloads for label, s in labelled if s.workload == w]
+    errors = [f"  {r.workload} {label} limit round {r.round_index + 1}: {r.error}"
+              for label, group in (("copy", runs), ("ring", ring_runs)) for r in group if r.error]  # fmt: skip
+    title = ("copy limit: np.stack(samples, out=buffer) into buffers of the batch's shape, in N "
+             "processes doing nothing else (no IPC, no consumer):\n"
+             "  copy: one reused buffer per process (cache-resident when a batch fits the cache);\n"
+             f"  ring: each rotates over ceil(ring_slots(N, prefetch_factor={RING_PREFETCH_FACTOR}) / N) "
+             "buffers, its share of the slots a loader of N workers writes through.")  # fmt: skip
+    return title + "\n" + format_table(columns, rows, left=2) + (
         "\nproblems:\n" + "\n".join(errors) if errors else "")
+
+
+def _limit_row(label: str, s: CopyLimitSummary) -> tuple[str, ...]:
+    head = (s.workload, label, str(s.processes), str(s.buffers_per_process))
+    rate = s.batches_per_s
+    if rate is None:
+        return head + ("failed", "-", "-", "-")
+    return head + (f"{rate.median:,.1f}", f"{rate.low:,.1f}-{rate.high:,.1f}" if rate.n > 1 else "-",
+                   format_spread(rate), f"{rate.median * s.batch_bytes / 1e9:.3f}")  # fmt: skip
 
 
 def format_bandwidth(h2d: Sequence[Bandwidth]) -> str:
@@ -258,17 +282,20 @@ def format_table(columns: Sequence[tuple[str, ...]], rows: Sequence[Sequence[str
 
 
 def to_json_document(header: dict[str, Any], results: Sequence[Measurement],
-                     copy_limits: Sequence[CopyLimitRun] = (),
-                     h2d: Sequence[Bandwidth] = ()) -> dict[str, Any]:  # fmt: skip
+                     copy_limits: Sequence[CopyLimitRun] = (), h2d: Sequence[Bandwidth] = (),
+                     ring_limits: Sequence[CopyLimitRun] = ()) -> dict[str, Any]:  # fmt: skip
     """Everything measured: every round's record, and the summaries and ratios drawn from them."""
     return {
         "header": {**header, "spread_rule": SPREAD_RULE, "spread_limit": SPREAD_LIMIT},
         "results": [m.to_dict() for m in results],
-        "summaries": [s.to_dict() for s in summarize_loaders(results, copy_limits)],
+        "summaries": [s.to_dict() for s in summarize_loaders(results, copy_limits, ring_limits)],
         "ratios": [r.to_dict() for r in compare_loaders(results)],
-        "copy_limit": {
-            "runs": [r.to_dict() for r in copy_limits],
-            "summaries": [s.to_dict() for s in summarize_copy_limits(copy_limits)],
-        },
+        "copy_limit": _limit_document(copy_limits),
+        "ring_copy_limit": {"prefetch_factor": RING_PREFETCH_FACTOR, **_limit_document(ring_limits)},
         "h2d": [b.to_dict() for b in h2d],
     }
+
+
+def _limit_document(runs: Sequence[CopyLimitRun]) -> dict[str, Any]:
+    return {"runs": [r.to_dict() for r in runs],
+            "summaries": [s.to_dict() for s in summarize_copy_limits(runs)]}  # fmt: skip
