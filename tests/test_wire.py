@@ -14,7 +14,7 @@ import pytest
 
 import shmloader
 from shmloader.transport import wire
-from shmloader.transport.messages import Filled, SlotRef, Task
+from shmloader.transport.messages import Failed, Filled, SlotRef, Task
 
 
 @pytest.fixture
@@ -43,6 +43,15 @@ def test_task_frame_keeps_any_index_objects():
     indices = ["a", (1, 2), {"k": 3}, None]
     task = wire.decode(wire.task_frame(0, 0, indices, 0, "s", 4096, None))
     assert task.indices == indices and task.seed is None
+
+
+def test_reply_frame_round_trip():
+    filled = Filled(2, 40, 3, b"\x01descriptor", 4608, 0.5, 0.25)
+    frame = wire.reply_frame(filled)
+    assert frame[:1] == wire.FILLED_TAG
+    assert wire.decode(frame) == filled
+    failed = Failed(2, 41, "ValueError", None, "Traceback ...")
+    assert wire.decode(wire.reply_frame(failed)) == failed
 
 
 def test_decode_reads_plain_pickles():
@@ -138,3 +147,21 @@ def test_loader_replies_larger_than_one_read_arrive_whole():
     assert [a[:, 0].tolist() for a, _ in got] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     assert all(len(s) == 40_006 and s.startswith(f"{k * 3 + j:06d}") for k, (_, t) in enumerate(got)
                for j, s in enumerate(t))
+
+
+def test_worker_task_frames_in_order_then_quiet_then_closed():
+    from shmloader.worker.main import _QUIET, _TaskFrames
+
+    recv, send = Pipe(duplex=False)
+    try:
+        frames = _TaskFrames(recv)
+        wire.write_frame(send.fileno(), wire.task_frame(0, 1, [1], 0, "s", 4096, None))
+        send.send(None)  # a plain pickled message behind a tagged one, both in one read
+        assert wire.decode(frames.next(5.0)).task == 1
+        assert wire.decode(frames.next(5.0)) is None
+        assert frames.next(0.01) is _QUIET
+        send.close()
+        assert frames.next(5.0) is None
+    finally:
+        recv.close()
+        send.close()

@@ -68,6 +68,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._dispatcher = Dispatcher(self._num_workers, self._prefetch, mode=cfg.dispatch, in_order=plan.in_order,
                                       iterable=self._iterable)
         self._slot_bytes = page_round(cfg.slot_bytes) if cfg.slot_bytes else FIRST_SLOT_BYTES
+        self._full_capacity = self._dispatcher.capacity([False] * self._num_workers)  # while no worker is exhausted
         self._start_failures: dict[int, int] = {}
         self._ring = plan.make_ring()
         self._ledger = Ledger(self._ring)
@@ -196,11 +197,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
     def _dispatch(self) -> None:
         if self._sampler_done:
             return
+        in_pipeline = self._ledger.in_epoch(self._epoch) + len(self._reorder)
+        if in_pipeline >= self._full_capacity:  # decided before any list is built (most calls)
+            return
         exhausted = self._exhausted()
         capacity = self._dispatcher.capacity(exhausted)
-        in_pipeline = self._ledger.in_epoch(self._epoch) + len(self._reorder)
-        if in_pipeline >= capacity:
-            return
         held = self._held()  # kept up to date below: built once per call, not once per task
         workers = self._pool.workers
         while in_pipeline < capacity:

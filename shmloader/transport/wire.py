@@ -5,8 +5,9 @@ an 8-byte length, for 2 GiB and more) and a payload, which is a pickle. Two thin
 faster than ``Connection.send``/``recv`` and speak the same framing, so either end may still use
 ``Connection`` for the rare messages:
 
-- ``task_frame``: a ``Task`` as a tagged pickle of a plain tuple (no ``ForkingPickler``, no
-  ``__reduce__`` per object), which ``decode`` in the worker turns back into a ``Task``;
+- ``task_frame`` and ``reply_frame``: a ``Task`` (main → worker) and a ``Filled`` (worker → main),
+  the two messages of every batch, as a tagged pickle of a plain tuple (no ``ForkingPickler``, no
+  ``__reduce__`` per object), which ``decode`` turns back into the message;
 - ``FrameReader``: in the main process, one ``os.read`` takes every reply a worker has written so
   far (a ``Connection.recv`` costs two reads per reply), and a frame cut in two by the pipe waits
   in its buffer for the rest.
@@ -23,11 +24,12 @@ import pickle
 import struct
 from typing import Any
 
-from shmloader.transport.messages import SlotRef, Task
+from shmloader.transport.messages import Filled, SlotRef, Task
 
-__all__ = ["FrameReader", "decode", "task_frame", "write_frame"]
+__all__ = ["FrameReader", "decode", "reply_frame", "task_frame", "write_frame"]
 
-TASK_TAG = b"T"  # a pickle payload starts with b"\x80" (PROTOCOL 2+): the tag cannot be mistaken
+TASK_TAG = b"T"  # a pickle payload starts with b"\x80" (PROTOCOL 2+): a tag cannot be mistaken
+FILLED_TAG = b"F"
 _HEADER = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
 _READ_BYTES = 1 << 16
@@ -40,9 +42,20 @@ def task_frame(epoch: int, task: int, indices: list[Any] | None, slot_id: int, s
     return TASK_TAG + pickle.dumps((epoch, task, indices, slot_id, segment, size_bytes, seed), pickle.HIGHEST_PROTOCOL)
 
 
+def reply_frame(msg: Any) -> bytes:
+    """The payload of a worker's reply: ``Filled`` (one per batch) as a tagged tuple, the rest pickled."""
+    if type(msg) is Filled:
+        return FILLED_TAG + pickle.dumps((msg.epoch, msg.task, msg.slot_id, msg.payload, msg.nbytes, msg.fetch_s,
+                                          msg.collate_s), pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+
+
 def decode(payload: bytes) -> Any:
-    """A message from its frame's payload: a tagged task, or any pickled message."""
-    if payload[:1] == TASK_TAG:
+    """A message from its frame's payload: a tagged task or batch, or any pickled message."""
+    tag = payload[:1]
+    if tag == FILLED_TAG:
+        return Filled(*pickle.loads(memoryview(payload)[1:]))
+    if tag == TASK_TAG:
         epoch, task, indices, slot_id, name, size, seed = pickle.loads(memoryview(payload)[1:])
         return Task(epoch, task, indices, SlotRef(slot_id, name, size), seed)
     return pickle.loads(payload)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import select
 import signal
 import sys
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -139,7 +140,7 @@ def _alive(pid: int) -> bool:
 
 def _send(conn: Connection, msg: Any) -> None:
     try:
-        conn.send(msg)
+        conn.send_bytes(wire.reply_frame(msg))
     except (BrokenPipeError, EOFError, OSError):
         os._exit(0)
 
@@ -152,6 +153,32 @@ def _failure(epoch: int, task: int | None, exc_info: Any) -> Failed:
         pickled = None
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     return Failed(epoch, task, exc_type.__name__, pickled, text)
+
+
+_QUIET: Any = object()  # no frame within the wait: time to check on the main process
+
+
+class _TaskFrames:
+    """The frames on the task pipe, in order: one ``select.poll`` kept for the worker's life and
+    one read for every frame that has arrived (issue 16), where ``Connection.poll`` builds a
+    selector per call and ``recv_bytes`` reads twice per message."""
+
+    def __init__(self, tasks: Connection) -> None:
+        self._reader = wire.FrameReader(tasks.fileno())
+        self._poller = select.poll()
+        self._poller.register(tasks.fileno(), select.POLLIN)
+        self._ready: deque[bytes] = deque()
+
+    def next(self, timeout_s: float) -> Any:
+        """The next frame; ``_QUIET`` when none came within ``timeout_s``; None once the pipe is closed."""
+        while not self._ready:
+            if not self._poller.poll(timeout_s * 1000):
+                return _QUIET
+            try:
+                self._ready.extend(self._reader.read())
+            except (EOFError, OSError):
+                return None
+        return self._ready.popleft()
 
 
 class _Worker:
@@ -181,14 +208,14 @@ class _Worker:
 
     # -- main loop -------------------------------------------------------------------------
     def loop(self, tasks: Connection, main_pid: int, ppid: int) -> None:
+        frames = _TaskFrames(tasks)
         while True:
-            if not tasks.poll(PARENT_CHECK_S):
+            frame = frames.next(PARENT_CHECK_S)
+            if frame is _QUIET:
                 if os.getppid() != ppid or not _alive(main_pid):
                     return
                 continue
-            try:
-                frame = tasks.recv_bytes()
-            except (EOFError, OSError):
+            if frame is None:  # the task pipe closed
                 return
             try:
                 msg = wire.decode(frame)
