@@ -3,14 +3,21 @@
 What must hold: the built-in collate's size is read off the samples (``collate.sizing``), never
 less than collate allocates, so a batch that did not fit is collated once, straight into its
 grown slot, not on the heap first; a size that falls short still ends in the right batch (the
-heap path); a batch is never fetched twice, nor an iterable dataset advanced twice.
+heap path); a batch is never fetched twice, nor an iterable dataset advanced twice; a growing
+slot's segment is reserved a part at a time, the earliest task first, and no worker hears of it
+before every byte is reserved; the main process stops reserving as soon as a reply waits; a full
+shm directory while a slot grows is a ShmSpaceError, and the loader is shut.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import mmap
+import multiprocessing
+import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,8 +27,15 @@ from engine_datasets import Big, BigStream
 import shmloader
 from shmloader.collate import collate, register_collate_rule, unregister_collate_rule
 from shmloader.collate.sizing import needed_bytes
+from shmloader.engine import growth
+from shmloader.engine.growth import Growths
+from shmloader.engine.ledger import Ledger
 from shmloader.engine.wait import WaitAndRecover
+from shmloader.errors import ShmSpaceError
+from shmloader.transport import segment
 from shmloader.transport.alloc import SlotAllocator
+from shmloader.transport.preflight import check_ring_fits
+from shmloader.transport.ring import Ring
 
 PAGE = mmap.PAGESIZE
 FIRST = 1 << 20  # mp_iterator.FIRST_SLOT_BYTES
@@ -69,6 +83,127 @@ def test_the_size_is_unknown_where_the_rules_are_not_the_builtin_ones() -> None:
         assert needed_bytes([1j, 2j]) is None
     finally:
         unregister_collate_rule(complex)
+
+
+# -- a growing slot, in the ring ---------------------------------------------------------------
+def test_a_growing_segment_replaces_the_slot_only_once_every_byte_is_reserved(tmp_path: Path) -> None:
+    created: list[str] = []
+    ring = Ring(str(tmp_path), on_create=lambda s: created.append(s.name))
+    slot = ring.grow(PAGE, "t")
+    old = slot.segment
+    ring.begin_resize(slot, 3 * PAGE, "t")
+    grown = slot.growing
+    assert grown is not None and os.path.exists(grown.path) and slot.segment is old
+    assert [ring.reserve(slot, "t", PAGE) for _ in range(3)] == [False, False, True]
+    assert slot.segment is grown and slot.growing is None and slot.size_bytes == 3 * PAGE
+    assert created == [old.name, grown.name]  # the pin backend sees it once it is whole, not before
+    assert ring.retired_names == [old.name]
+    ring.close()
+
+
+def test_a_full_directory_while_a_slot_grows_drops_the_growth(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = Ring(str(tmp_path))
+    slot = ring.grow(PAGE, "t")
+    ring.begin_resize(slot, 4 * PAGE, "t")
+    assert ring.reserve(slot, "t", PAGE) is False
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(ShmSpaceError, match="No space left on device"):
+        ring.reserve(slot, "t", PAGE)
+    assert slot.growing is None and slot.size_bytes == PAGE
+    assert os.listdir(tmp_path) == [slot.segment.name]
+    ring.close()
+
+
+def test_free_and_close_unlink_growing_segments(tmp_path: Path) -> None:
+    ring = Ring(str(tmp_path))
+    a, b = ring.grow(PAGE, "a"), ring.grow(PAGE, "b")
+    ring.begin_resize(a, 2 * PAGE, "a")
+    ring.begin_resize(b, 2 * PAGE, "b")
+    ring.free(a, "a")  # the task ended while its slot grew
+    assert a.growing is None and len(os.listdir(tmp_path)) == 3
+    ring.close()
+    assert os.listdir(tmp_path) == [] and ring.retired_names == [a.segment.name, b.segment.name]
+
+
+def test_preflight_counts_the_bytes_a_growing_slot_still_needs(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = Ring(str(tmp_path))
+    slot = ring.grow(PAGE, "t")
+    ring.begin_resize(slot, 8 * PAGE, "t")
+    ring.reserve(slot, "t", 2 * PAGE)
+    # 2 slots of 8 pages: the growing one counts as that large, one more is new, and the growing
+    # one's 6 pages not reserved yet are needed too: 14 pages
+    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 14 * PAGE)
+    check_ring_fits(ring, 8 * PAGE, 2, num_workers=1, prefetch_factor=1)
+    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 14 * PAGE - 1)
+    with pytest.raises(ShmSpaceError, match=f"needs {14 * PAGE} more bytes"):
+        check_ring_fits(ring, 8 * PAGE, 2, num_workers=1, prefetch_factor=1)
+    ring.close()
+
+
+# -- growing while waiting: the engine's step -----------------------------------------------------
+class _Engine(WaitAndRecover):
+    """``_grow`` over a real ring, with one pretend worker whose reply pipe the test controls."""
+
+    def __init__(self, ring: Ring) -> None:
+        self._ring = ring
+        self._ledger = Ledger(ring)
+        self._growths = Growths(self._ledger)
+        self.replies_r, self.replies_w = multiprocessing.Pipe(duplex=False)
+        self._quiet_r, self._quiet_w = os.pipe()
+        worker = SimpleNamespace(id=0, results=self.replies_r, process=SimpleNamespace(sentinel=self._quiet_r))
+        self._pool = SimpleNamespace(workers=[worker])
+        self.sent: list[tuple[int, int]] = []
+
+    def _send(self, w: Any, rec: Any) -> None:
+        self.sent.append((rec.task, rec.slot.size_bytes))
+
+    def _flush_detach(self) -> None:
+        pass
+
+    def _fail(self, exc: BaseException) -> BaseException:
+        return exc
+
+    def close(self) -> None:
+        self.replies_r.close()
+        self.replies_w.close()
+        os.close(self._quiet_r)
+        os.close(self._quiet_w)
+        self._ring.close()
+
+
+@pytest.fixture
+def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(growth, "CHUNK_BYTES", PAGE)
+    eng = _Engine(Ring(str(tmp_path)))
+    yield eng
+    eng.close()
+
+
+def test_grow_reserves_the_earliest_task_first_and_sends_each_task_once_grown(engine: _Engine) -> None:
+    late = engine._ledger.assign(0, 5, [5], PAGE)
+    early = engine._ledger.assign(0, 2, [2], PAGE)
+    engine._growths.start(late, 3 * PAGE)
+    engine._growths.start(early, 2 * PAGE)
+    engine._grow()  # no reply waits: it reserves everything
+    assert engine.sent == [(2, 2 * PAGE), (5, 3 * PAGE)] and not engine._growths
+
+
+def test_grow_returns_after_one_part_when_a_reply_waits(engine: _Engine) -> None:
+    rec = engine._ledger.assign(0, 0, [0], PAGE)
+    engine._growths.start(rec, 4 * PAGE)
+    engine.replies_w.send("a batch became due")
+    engine._grow()
+    assert rec.slot is not None and rec.slot.growing is not None and rec.slot.growing.reserved == PAGE
+    assert engine.sent == [] and len(engine._growths) == 1  # the reply first; the slot grows on later
+    engine.replies_r.recv()
+    engine._grow()
+    assert engine.sent == [(0, 4 * PAGE)]
 
 
 # -- end to end -----------------------------------------------------------------------------------
@@ -150,3 +285,37 @@ def test_slot_bytes_skips_growth(how: str, monkeypatch: pytest.MonkeyPatch) -> N
     got = list(shmloader.DataLoader(Big(8, FLOATS), batch_size=4, num_workers=2, multiprocessing_context="fork",
                                     **kw))
     assert [b["y"].tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]] and regrows == []
+
+
+@pytest.mark.timeout(60)
+def test_a_full_directory_while_a_slot_grows_is_shm_space_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    reserve = os.posix_fallocate
+
+    def full_past_the_first_part(fd: int, offset: int, length: int) -> None:
+        if offset > 0:  # only a growing slot is reserved in parts
+            raise OSError(errno.ENOSPC, "No space left on device")
+        reserve(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full_past_the_first_part)
+    it = iter(shmloader.DataLoader(Big(8, 3 * FLOATS), batch_size=4, num_workers=1, multiprocessing_context="fork"))
+    try:
+        with pytest.raises(ShmSpaceError, match="No space left on device"):
+            next(it)
+        assert it.closed and multiprocessing.active_children() == []
+    finally:
+        it.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_epoch_abandoned_while_slots_grow_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    dl = shmloader.DataLoader(Big(16, FLOATS), batch_size=4, num_workers=2, persistent_workers=True,
+                              multiprocessing_context="fork")
+    first = next(iter(dl))  # the other tasks' slots may still be growing
+    assert first["y"].tolist() == [0, 1, 2, 3]
+    del first
+    assert [b["y"].tolist()[0] for b in dl] == [0, 4, 8, 12]
+    ring = dl._iterator._ring
+    assert all(s.growing is None for s in ring.slots)
+    ours = [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{os.getpid()}_")]
+    assert len(ours) == len(ring.slots)
+    dl.close()

@@ -8,7 +8,11 @@ Runs in both processes: the main process creates and unlinks (the only one that 
 attach. Promises:
 
 - ``create`` reserves every byte with ``posix_fallocate``: a full ``/dev/shm`` is an ``OSError``
-  at creation in the main process, never a SIGBUS in a worker writing to the slot later.
+  at creation in the main process, never a SIGBUS in a worker writing to the slot later. A
+  segment made with ``reserve=False`` (a slot growing, issue 16) is sized but not reserved: the
+  main process reserves it a part at a time (``reserve``) and names it to a worker — or pins or
+  reads it — only once ``reserved`` covers every byte; the same ``OSError`` then comes from
+  ``reserve``.
 - ``create`` leaves nothing behind when it fails: whatever fails after the file exists (space,
   ``mmap`` at EMFILE/ENOMEM, registration, Ctrl-C), the file is removed and its descriptor closed.
 - Names cannot be guessed: 64 random bits per segment (``secrets``), so another local user cannot
@@ -122,21 +126,25 @@ class Segment:
     ``close``; an attached one (``attach``) holds no descriptor (``_fd`` is -1).
     """
 
-    __slots__ = ("name", "size_bytes", "path", "buf", "_tracked", "_owner", "_fd", "__weakref__")
+    __slots__ = ("name", "size_bytes", "path", "buf", "reserved", "_tracked", "_owner", "_fd", "__weakref__")
 
     def __init__(self, name: str, size_bytes: int, path: str, buf: mmap.mmap, tracked: bool, owner: bool,
-                 fd: int = -1):
+                 fd: int = -1, reserved: int | None = None):
         self.name = name
         self.size_bytes = size_bytes
         self.path = path
         self.buf = buf
+        self.reserved = size_bytes if reserved is None else reserved  # bytes backed by posix_fallocate
         self._tracked = tracked
         self._owner = owner
         self._fd = fd
 
     @classmethod
-    def create(cls, shm_dir: str, size_bytes: int) -> Segment:
+    def create(cls, shm_dir: str, size_bytes: int, *, reserve: bool = True) -> Segment:
         """Create, lock, reserve and map a new segment of at least ``size_bytes`` (page-rounded).
+
+        With ``reserve=False`` the file is only sized (``ftruncate``): nothing may touch the
+        mapping until :meth:`reserve` has reserved every byte.
 
         Raises OSError (ENOSPC from the reservation, EMFILE, ...) or SegmentCollision, and in
         every case leaves no file and no descriptor behind.
@@ -146,13 +154,16 @@ class Segment:
         buf: mmap.mmap | None = None
         registered = False
         try:
-            os.posix_fallocate(fd, 0, size)
+            if reserve:
+                os.posix_fallocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
             buf = mmap.mmap(fd, size)
             tracked = _tracked(shm_dir)
             if tracked:
                 _register(name)
                 registered = True
-            return cls(name, size, path, buf, tracked, owner=True, fd=fd)
+            return cls(name, size, path, buf, tracked, owner=True, fd=fd, reserved=size if reserve else 0)
         except BaseException:
             if registered:
                 _unregister(name)
@@ -171,6 +182,15 @@ class Segment:
         finally:
             os.close(fd)
         return cls(name, size_bytes, path, buf, tracked=False, owner=False)
+
+    def reserve(self, nbytes: int) -> bool:
+        """Reserve (``posix_fallocate``) up to ``nbytes`` more of an owned segment, in order; True once
+        every byte is reserved. Raises OSError (ENOSPC) as ``create`` does; a failed part is not counted."""
+        n = min(nbytes, self.size_bytes - self.reserved)
+        if n > 0:
+            os.posix_fallocate(self._fd, self.reserved, n)
+            self.reserved += n
+        return self.reserved >= self.size_bytes
 
     def unlink(self) -> None:
         """Remove the file (owner only), then release the lock; the mapping stays valid for live views."""
