@@ -146,6 +146,17 @@ def test_preflight_counts_the_bytes_a_growing_slot_still_needs(tmp_path: Path,
     ring.close()
 
 
+def test_prefault_maps_a_range_or_does_nothing_but_never_raises(tmp_path: Path) -> None:
+    seg = segment.Segment.create(str(tmp_path), 4 * PAGE)
+    for nbytes in (0, 3 * PAGE, 100 * PAGE):  # past the mapping: up to its end
+        segment.prefault(seg.buf, nbytes)
+    seg.buf[:3] = b"abc"
+    assert bytes(seg.buf[:4]) == b"abc\0"  # an ordinary mapping still, its bytes untouched
+    seg.unlink()
+    seg.close()
+    segment.prefault(seg.buf, PAGE)  # closed: nothing
+
+
 # -- growing while waiting: the engine's step -----------------------------------------------------
 class _Engine(WaitAndRecover):
     """``_grow`` over a real ring, with one pretend worker whose reply pipe the test controls."""
@@ -245,6 +256,27 @@ def test_a_batch_bigger_than_its_slot_is_collated_once_into_the_grown_slot(
         assert np.asarray(b["x"]).shape == (4, FLOATS) and float(b["x"][3][-1]) == 4 * k + 3
     assert _fetches(log) == list(range(16))  # each sample fetched once
     assert sorted(set(regrows)) == sorted(regrows) and regrows  # each task grew at most once
+
+
+@pytest.mark.timeout(60)
+def test_each_retry_into_a_grown_slot_prefaults_the_bytes_its_batch_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shmloader.worker.main
+
+    log, real = tmp_path / "prefaulted", shmloader.worker.main.prefault
+
+    def logged(buf: Any, nbytes: int) -> None:
+        with open(log, "a") as f:
+            f.write(f"{nbytes} {len(buf)}\n")
+        real(buf, nbytes)
+
+    monkeypatch.setattr(shmloader.worker.main, "prefault", logged)  # forked workers inherit it
+    regrows = _count_regrows(monkeypatch)
+    got = list(shmloader.DataLoader(Big(16, FLOATS), batch_size=4, num_workers=2, multiprocessing_context="fork"))
+    assert [b["y"].tolist()[0] for b in got] == [0, 4, 8, 12]
+    calls = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    assert len(calls) == len(regrows) > 0  # once per retry; never on the ordinary path
+    assert all(4 * FLOATS * 4 <= nbytes <= size for nbytes, size in calls)
 
 
 @pytest.mark.timeout(60)

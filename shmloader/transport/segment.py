@@ -58,6 +58,7 @@ import fcntl
 import mmap
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 
 from shmloader.errors import SegmentCollision, ShmSpaceError
@@ -221,6 +222,22 @@ class Segment:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+# MADV_POPULATE_WRITE (Linux 5.14): Python has no name for it before 3.13; elsewhere None
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
+
+
+def prefault(buf: mmap.mmap, nbytes: int) -> None:
+    """Map the first ``nbytes`` of a fresh mapping for writing in one call, instead of a page fault
+    per page as they are first written (a 64 MiB batch into a just-grown slot: 26 ms, not 32;
+    issue 16). Only for bytes that are reserved; a no-op where the kernel or platform lacks it."""
+    if _POPULATE_WRITE is None or nbytes <= 0:
+        return
+    try:
+        buf.madvise(_POPULATE_WRITE, 0, min(page_round(nbytes), len(buf)))
+    except (OSError, ValueError, AttributeError):  # an older kernel (EINVAL), a closed mapping
+        pass
 
 
 def _create_locked(shm_dir: str) -> tuple[str, str, int]:

@@ -47,7 +47,7 @@ from shmloader.transport.messages import (
     Task,
     TooSmall,
 )
-from shmloader.transport.segment import Segment
+from shmloader.transport.segment import Segment, prefault
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 
 PARENT_CHECK_S = 0.5
@@ -235,9 +235,11 @@ class _Worker:
 
     def fill(self, task: Task, data: Any, batch: Any, fetch_s: float, needed: int = 0) -> Any:
         """Collate (or copy) the batch into the task's slot. ``needed``: on a retry, the bytes this
-        batch was said to need."""
+        batch was said to need; its slot just grew, so those pages are mapped in one call first."""
         alloc = self.allocator(task.slot)
         t0 = time.perf_counter()
+        if needed:
+            prefault(alloc.buf, min(needed, alloc.capacity))
         try:
             if batch is None:
                 batch = self.collate(data, alloc)
