@@ -62,6 +62,40 @@ class Range(shmloader.IterableDataset):
         return iter(range(lo, min(lo + per, self.end)))
 
 
+def _log_fetch(log: str | None, i: int) -> None:
+    if log is not None:
+        with open(log, "a") as f:  # one short append per fetch: lines from several workers never mix
+            f.write(f"{i}\n")
+
+
+class Big(shmloader.Dataset):
+    """Sample i: ``{"x": float32[floats] all i, "y": i}``; with ``log``, each fetch appends i to it."""
+
+    def __init__(self, n: int, floats: int, log: str | None = None) -> None:
+        self.n, self.floats, self.log = n, floats, log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        _log_fetch(self.log, i)
+        return {"x": np.full(self.floats, i, np.float32), "y": i}
+
+
+class BigStream(shmloader.IterableDataset):
+    """``n`` samples like ``Big``'s, sharded by worker (i % num_workers); each one drawn appends i to ``log``."""
+
+    def __init__(self, n: int, floats: int, log: str) -> None:
+        self.n, self.floats, self.log = n, floats, log
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = shmloader.get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in range(first, self.n, step):
+            _log_fetch(self.log, i)
+            yield {"x": np.full(self.floats, i, np.float32), "y": i}
+
+
 class FailsAt(shmloader.Dataset):
     def __init__(self, bad: int, n: int = 12) -> None:
         self.bad, self.n = bad, n

@@ -11,6 +11,9 @@ each one names the task, so the ring checks that the task still holds the slot
        ├── release (failed, exhausted, stale reply)
        └── retry after a death: the record keeps its slot and goes to the successor
 
+A resize is reserved a part at a time while the main process also sees to its workers
+(``begin_resize``, then ``reserve`` until it returns True; ``abandon_resize`` or ``release`` drops it).
+
 Promises: a record gives its slot back exactly once — after ``release``, ``deliver`` or ``drop``
 it holds no slot (``slot is None``) and a second call is a no-op, never a free of a slot that a
 later task now owns; a descriptor is checked against the slot its task was given before any view
@@ -85,9 +88,18 @@ class Ledger:
         self._per_epoch[epoch] = self._per_epoch.get(epoch, 0) + 1
         return rec
 
-    def resize(self, rec: TaskRecord, min_bytes: int) -> None:
-        """The batch did not fit: the task's slot gets a larger segment."""
-        self.ring.resize(self._slot(rec), min_bytes, rec.key)
+    def begin_resize(self, rec: TaskRecord, min_bytes: int) -> None:
+        """The batch did not fit: the task's slot starts growing (its bytes reserved by ``reserve``)."""
+        self.ring.begin_resize(self._slot(rec), min_bytes, rec.key)
+
+    def reserve(self, rec: TaskRecord, nbytes: int) -> bool:
+        """Reserve up to ``nbytes`` more of the task's growing slot; True once it has its new size."""
+        return self.ring.reserve(self._slot(rec), rec.key, nbytes)
+
+    def abandon_resize(self, rec: TaskRecord) -> None:
+        """Drop the task's growing segment, if it still holds a slot."""
+        if rec.slot is not None:
+            self.ring.abandon_resize(rec.slot, rec.key)
 
     def fill(self, rec: TaskRecord, slot_id: int) -> None:
         """The worker wrote the batch. The reply's slot id must be the task's slot."""

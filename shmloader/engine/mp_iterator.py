@@ -14,6 +14,8 @@ fault was raised; workers and ring are shut) | closed (``close()``: a later ``ne
    the codec makes the views;
 3. ``wait`` (``engine.wait``): ONE poll (as ``multiprocessing.connection.wait``) over every worker's reply
    pipe and process sentinel; process each reply; recover from each death through ``faults``.
+   While slots too small for their batch grow (``engine.growth``), their bytes are reserved first,
+   until a reply waits (``grow``).
 
 Every slot transition goes through the ledger, which names the task, so a slot is never freed or
 re-assigned by a party that does not hold it (docs/design/ownership.md).
@@ -29,6 +31,7 @@ from typing import Any
 
 from shmloader.engine import faults
 from shmloader.engine.dispatch import Dispatcher
+from shmloader.engine.growth import Growths
 from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
@@ -72,6 +75,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._start_failures: dict[int, int] = {}
         self._ring = plan.make_ring()
         self._ledger = Ledger(self._ring)
+        self._growths = Growths(self._ledger)
         self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)
         _live.add(self)
         try:
@@ -101,6 +105,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         super()._reset(plan)
         for rec, _msg in self._reorder.drain():
             self._ledger.drop(rec)  # a failed task already gave its slot back: drop is then a no-op
+        for rec in self._growths.abandon():  # held by no worker: nothing else would give their slots back
+            self._ledger.release(rec)
         # slots the user held last epoch and has let go of since are unlinked, not kept forever
         self._ring.shrink_to(ring_slots(self._num_workers, self._prefetch))
         self._flush_detach()
@@ -163,6 +169,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                 if self._finished():
                     self._end_epoch()
                     raise StopIteration
+                if self._growths.waiting:
+                    self._grow()  # slots too small for their batch grow while nothing is due
                 self._wait(started)
         except StopIteration:
             raise

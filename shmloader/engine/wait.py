@@ -11,7 +11,9 @@ again, each task delivered once.
 
 The named steps: ``wait`` → ``process`` (one reply) → ``on_death`` (decide) → ``restart`` or the
 fault raised at the next wait; ``on_quiet`` when the wait times out (``kill_hung`` or torch's
-timeout error).
+timeout error); ``regrow`` (a ``TooSmall`` reply: the slot starts growing, ``engine.growth``) and
+``grow`` (run instead of blocking while slots grow: their bytes reserved a part at a time, each
+task sent again once its slot is whole, stopping as soon as a reply waits).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shmloader.engine import faults
+from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
@@ -32,7 +35,7 @@ from shmloader.log import logger
 from shmloader.transport import wire
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS
-from shmloader.transport.segment import explain_enospc, page_round
+from shmloader.transport.segment import page_round
 
 GROWTH = 1.25  # a slot that was too small grows to this multiple of the bytes the batch needed
 
@@ -44,6 +47,7 @@ class WaitAndRecover:
     _pool: Any
     _ring: Any
     _ledger: Ledger
+    _growths: Growths
     _reorder: Any
     _plan: Any
     _policy: faults.FaultPolicy
@@ -169,17 +173,34 @@ class WaitAndRecover:
                 self._sampler_done = True
 
     def _regrow(self, w: WorkerHandle, rec: TaskRecord, needed: int) -> None:
-        """The batch did not fit: a larger slot for this task (and every later one), same worker."""
+        """The batch did not fit: a larger slot for this task (and every later one), same worker.
+
+        The slot starts growing here; ``_grow`` reserves its bytes and sends the task again.
+        """
         self._slot_bytes = max(self._slot_bytes, page_round(int(needed * GROWTH)))
         try:
             self._plan.preflight(self._ring, self._slot_bytes, self._capacity() + CONSUMER_SLOTS)
-            with explain_enospc(self._ring.shm_dir, self._slot_bytes):
-                self._ledger.resize(rec, self._slot_bytes)
+            self._growths.start(rec, self._slot_bytes)
         except Exception as exc:  # no room: the loader is broken; shut it before raising
             raise self._fail(exc)
-        self._flush_detach()
         w.pop(rec.key)
-        self._send(w, rec)
+
+    def _grow(self) -> None:
+        """Reserve growing slots a part at a time, the earliest task first, and send each task
+        again once its slot has grown; return as soon as a reply or a death waits, so that a batch
+        that became due meanwhile is delivered first (issue 16). Called instead of blocking: when
+        it returns, either nothing grows any more or ``_wait`` has something to read at once."""
+        poller, _by_fd = self._poller()
+        while self._growths.waiting:
+            try:
+                rec = self._growths.step()
+            except Exception as exc:  # no room after all: the loader is broken; shut it before raising
+                raise self._fail(exc)
+            if rec is not None:
+                self._flush_detach()
+                self._send(self._pool.workers[rec.worker_id], rec)
+            if poller.poll(0):
+                return
 
     def _on_quiet(self, started: float) -> None:
         """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``."""

@@ -14,7 +14,11 @@ is never handed out while a view of its previous batch is alive; ``close()`` unl
 segment, and a segment the user still views stays mapped until the last view dies. The engine's
 ledger (``shmloader.engine.ledger``) is the only caller of the transitions. Slot *ids* are stable; a slot that is too
 small gets a new, larger segment (the old one is *retired*: unlinked, and its name queued so the
-workers can unmap it).
+workers can unmap it). The new segment is made at once (``resize``) or reserved a part at a time
+(``begin_resize``, then ``reserve`` until it returns True), so that the main process can see to
+its workers' replies between the parts (issue 16); until every byte is reserved it stays the
+slot's ``growing`` segment, which no worker is told of, no pin backend sees, and ``close()``
+unlinks like the others.
 
 A lease is a ctypes buffer over the whole slot. Every array of the batch is a numpy view whose
 base is that buffer, so the buffer (and with it the slot) lives exactly as long as the last view;
@@ -63,6 +67,7 @@ class Slot:
     state: SlotState = SlotState.FREE
     owner: Hashable | None = None
     lease_serial: int = 0
+    growing: Segment | None = None  # the larger segment being reserved for the owner (begin_resize)
 
     @property
     def size_bytes(self) -> int:
@@ -176,6 +181,38 @@ class Ring:
         slot.segment = self._new_segment(min_bytes)
         self._retire(old)
 
+    def begin_resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
+        """Start giving an assigned slot a larger segment: made now, its bytes reserved by ``reserve``."""
+        self._check(slot, owner, "resize", SlotState.ASSIGNED)
+        self.abandon_resize(slot, owner)  # none in practice: a task is re-sent before it can grow again
+        slot.growing = self._new_segment(min_bytes, reserve=False)
+
+    def reserve(self, slot: Slot, owner: Hashable, nbytes: int) -> bool:
+        """Reserve up to ``nbytes`` more of the slot's growing segment; once every byte is, it replaces
+        the slot's segment (the old one retired) and this returns True. A reservation that fails
+        (a full directory: ShmSpaceError) drops the growing segment."""
+        self._check(slot, owner, "resize", SlotState.ASSIGNED)
+        segment = slot.growing
+        if segment is None:
+            return True
+        try:
+            with explain_enospc(self.shm_dir, segment.size_bytes):
+                if not segment.reserve(nbytes):
+                    return False
+            self._created(segment)
+        except BaseException:
+            self._drop_growing(slot)
+            raise
+        slot.growing = None
+        old, slot.segment = slot.segment, segment
+        self._retire(old)
+        return True
+
+    def abandon_resize(self, slot: Slot, owner: Hashable) -> None:
+        """Drop the slot's growing segment, if any (its task will not be sent again)."""
+        self._check(slot, owner, "abandon the growth of", SlotState.ASSIGNED)
+        self._drop_growing(slot)
+
     def fill(self, slot: Slot, owner: Hashable) -> None:
         """The worker wrote ``owner``'s batch: the slot is in flight to the user."""
         self._check(slot, owner, "fill", SlotState.ASSIGNED)
@@ -196,6 +233,7 @@ class Ring:
     def free(self, slot: Slot, owner: Hashable) -> None:
         """Return ``owner``'s slot, which no view references (failed, stale or empty task), to the ring."""
         self._check(slot, owner, "free", SlotState.ASSIGNED, SlotState.FILLED)
+        self._drop_growing(slot)  # its task ended while the slot grew: the growth is not needed
         self._make_free(slot)
 
     def _check(self, slot: Slot, owner: Hashable, action: str, *states: SlotState) -> None:
@@ -264,6 +302,7 @@ class Ring:
             return
         self.closed = True
         for slot in self.slots:
+            self._drop_growing(slot)
             lease = self._leases.get(slot.id)
             if slot.state is SlotState.LEASED and lease is not None and lease.alive:
                 self._linger(slot)
@@ -274,10 +313,17 @@ class Ring:
         self._cooling.clear()
 
     # -- internals -----------------------------------------------------------------------
-    def _new_segment(self, min_bytes: int) -> Segment:
+    def _new_segment(self, min_bytes: int, reserve: bool = True) -> Segment:
+        """A new segment; with ``reserve=False`` sized only, and not yet shown to ``on_create``."""
         with explain_enospc(self.shm_dir, page_round(min_bytes)):
-            segment = Segment.create(self.shm_dir, page_round(min_bytes))
+            segment = Segment.create(self.shm_dir, page_round(min_bytes), reserve=reserve)
         self.created_total += 1
+        if reserve:
+            self._created(segment)
+        return segment
+
+    def _created(self, segment: Segment) -> None:
+        """Show a fully reserved segment to the pin backend; if that fails, the segment is gone."""
         if self._on_create is not None:
             try:
                 self._on_create(segment)
@@ -285,7 +331,6 @@ class Ring:
                 segment.unlink()
                 segment.close()
                 raise
-        return segment
 
     def _linger(self, slot: Slot) -> None:
         """The user still views this slot: unlink it now, unpin and unmap it when its lease dies
@@ -298,9 +343,18 @@ class Ring:
         if not lease.alive and self._lingering.pop(slot.id, None) is not None:  # died meanwhile
             _retire_lingering(segment, self._on_retire)
 
-    def _retire(self, segment: Segment) -> None:
-        if self._on_retire is not None:
+    def _drop_growing(self, slot: Slot) -> None:
+        """Unlink the slot's growing segment, if any: no worker was told of it, no pin backend saw it."""
+        if slot.growing is not None:
+            segment, slot.growing = slot.growing, None
+            self._retire(segment, told=False, hook=False)
+
+    def _retire(self, segment: Segment, told: bool = True, hook: bool = True) -> None:
+        """Unlink and unmap; ``told``: workers may map it, so queue its name for them to unmap;
+        ``hook``: the pin backend saw it. Neither holds for a growing segment."""
+        if hook and self._on_retire is not None:
             self._on_retire(segment)
         segment.unlink()
         segment.close()
-        self.retired_names.append(segment.name)
+        if told:
+            self.retired_names.append(segment.name)

@@ -2,11 +2,13 @@
 
 Runs in each worker process. Owns its copy of the dataset (and, for an iterable dataset, its
 iterator), its mappings of the segments it was told about, and a small cache of batches that did
-not fit their slot. Promises:
+not fit their slot (their samples, and the batch itself where its size could not be read off the
+samples). Promises:
 
 - one reply per task, in the order tasks arrive: ``Filled``, ``TooSmall``, ``Failed`` or
   ``Exhausted``; a batch that did not fit is kept, so the retry in a larger slot neither fetches
-  again nor advances an iterable dataset;
+  again nor advances an iterable dataset, and with the built-in collate it is collated once,
+  straight into the larger slot (``too_small``);
 - it never registers a segment with the resource tracker and never unlinks one;
 - it exits when told (``None``), when its task pipe closes, and within ``PARENT_CHECK_S`` of the
   main process dying (on Linux at once, through ``PR_SET_PDEATHSIG``); it never blocks forever.
@@ -32,6 +34,7 @@ import numpy as np
 from shmloader import worker_info
 from shmloader.collate import collate, default_convert
 from shmloader.collate.context import SlotFull, heap_alloc
+from shmloader.collate.sizing import needed_bytes
 from shmloader.transport import codec, wire
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
@@ -45,7 +48,7 @@ from shmloader.transport.messages import (
     Task,
     TooSmall,
 )
-from shmloader.transport.segment import Segment
+from shmloader.transport.segment import Segment, prefault
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 
 PARENT_CHECK_S = 0.5
@@ -187,7 +190,7 @@ class _Worker:
         self.id = worker_id
         self.results = results
         self.segments: dict[str, tuple[Segment, np.ndarray]] = {}
-        self.pending: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        self.pending: OrderedDict[tuple[int, int], tuple[Any, Any, int]] = OrderedDict()  # (data, batch, needed)
         self.epoch = 0
         torch = sys.modules.get("torch")
         if torch is None and spec.to_torch:  # torch's flavour: seeded as torch's workers always are,
@@ -244,11 +247,10 @@ class _Worker:
             if task.seed is not None:
                 worker_info.seed_task(task.seed)
             t0 = time.perf_counter()
-            data, batch = self.pending.pop(key, (None, None))
-            if data is None and batch is None:
-                data = self.fetch(task)
+            kept = self.pending.pop(key, None)
+            data, batch, needed = (self.fetch(task), None, 0) if kept is None else kept
             t1 = time.perf_counter()
-            return self.fill(task, data, batch, t1 - t0)
+            return self.fill(task, data, batch, t1 - t0, needed)
         except StopIteration:
             return Exhausted(task.epoch, task.task)
         except Exception:
@@ -260,26 +262,50 @@ class _Worker:
         assert task.indices is not None
         return self.fetcher.fetch(task.indices[0])
 
-    def fill(self, task: Task, data: Any, batch: Any, fetch_s: float) -> Any:
+    def fill(self, task: Task, data: Any, batch: Any, fetch_s: float, needed: int = 0) -> Any:
+        """Collate (or copy) the batch into the task's slot. ``needed``: on a retry, the bytes this
+        batch was said to need; its slot just grew, so those pages are mapped in one call first."""
         alloc = self.allocator(task.slot)
         t0 = time.perf_counter()
+        if needed:
+            prefault(alloc.buf, min(needed, alloc.capacity))
         try:
             if batch is None:
                 batch = self.collate(data, alloc)
             payload, nbytes = codec.encode(batch, alloc)
         except SlotFull:
-            heap = self.collate(data, heap_alloc) if batch is None else batch
-            self._remember((task.epoch, task.task), data, heap)
-            return TooSmall(task.epoch, task.task, task.slot.slot_id, codec.measure(heap))
+            return self.too_small(task, data, batch, alloc.capacity, sized=batch is None and needed > 0)
         return Filled(task.epoch, task.task, task.slot.slot_id, payload, nbytes, fetch_s,
                       time.perf_counter() - t0)
+
+    def too_small(self, task: Task, data: Any, batch: Any, capacity: int, sized: bool) -> TooSmall:
+        """The batch did not fit: keep what was fetched and say how many bytes it needs.
+
+        The built-in collate's size is read off the samples (``collate.sizing``), so the batch is
+        collated once, straight into the larger slot; only when that size is unknown — a user's
+        rule or collate_fn — or ``sized``: was already tried and fell short, is the batch collated
+        into ordinary memory and measured, and then copied into the slot (issue 16).
+        """
+        key = (task.epoch, task.task)
+        spec = self.spec
+        if batch is None and not sized and spec.collate_kind == "builtin":
+            needed = needed_bytes(data, to_torch=spec.to_torch, rules=spec.collate_rules or None)
+            if needed is not None and needed > capacity:
+                self._remember(key, data, None, needed)
+                return TooSmall(task.epoch, task.task, task.slot.slot_id, needed)
+        if batch is None:
+            batch = self.collate(data, heap_alloc)
+        needed = codec.measure(batch)
+        self._remember(key, data, batch, needed)
+        return TooSmall(task.epoch, task.task, task.slot.slot_id, needed)
 
     def collate(self, data: Any, alloc: Any) -> Any:
         spec = self.spec
         return run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data, alloc)
 
-    def _remember(self, key: tuple[int, int], data: Any, heap: Any) -> None:
-        self.pending[key] = (data, heap)
+    def _remember(self, key: tuple[int, int], data: Any, batch: Any, needed: int) -> None:
+        """Keep a batch that did not fit (``batch`` None: not collated, its size read off the samples)."""
+        self.pending[key] = (data, batch, needed)
         while len(self.pending) > _PENDING_LIMIT:
             self.pending.popitem(last=False)
 
