@@ -75,6 +75,7 @@ class Config:
     task_seeding: bool = False
     dispatch: str = "round_robin"
     task_timeout_s: float = 0
+    collate_threads: int = 0
     log_level: str = "WARNING"
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     notes: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -115,6 +115,7 @@ class DataLoader(Generic[T_co]):
         task_seeding: bool | None = None,
         dispatch: str | None = None,
         task_timeout_s: float | None = None,
+        collate_threads: int | None = None,
         log_level: str | None = None,
         plugins: Iterable[Any] | None = None,
     ) -> None:

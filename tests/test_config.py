@@ -193,6 +193,8 @@ BAD_VALUES = [
     ("SHMLOADER_DISPATCH", "ROUND_ROBIN", "is not a dispatch policy (expected one of round_robin, least_loaded)"),
     ("SHMLOADER_TASK_TIMEOUT_S", "5m", "is not a number (expected a finite number >= 0 (seconds))"),
     ("SHMLOADER_TASK_TIMEOUT_S", "-0.5", "is out of range (expected a finite number >= 0 (seconds))"),
+    ("SHMLOADER_COLLATE_THREADS", "-1", "is out of range (expected an integer >= 0)"),
+    ("SHMLOADER_COLLATE_THREADS", "auto", "is not an integer (expected an integer >= 0)"),
     ("SHMLOADER_LOG_LEVEL", "LOUD", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
     ("SHMLOADER_LOG_LEVEL", "verbose", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
 ]
@@ -255,6 +257,8 @@ BAD_ARGUMENTS = [
     ("task_timeout_s", -1, "task_timeout_s=-1 is out of range"),
     ("task_timeout_s", float("inf"), "task_timeout_s=inf is not finite"),
     ("task_timeout_s", "5", "task_timeout_s='5' is not a number"),
+    ("collate_threads", -1, "collate_threads=-1 is out of range (expected an integer >= 0)"),
+    ("collate_threads", 2.0, "collate_threads=2.0 is not an integer"),
     ("log_level", "LOUD", "log_level='LOUD' is not a log level"),
 ]
 

@@ -18,6 +18,8 @@ Promises:
   (:func:`register_collate_rule`), then in the built-in rules, which follow torch's order;
   lookups are cached (a ``rules`` mapping is read once per sample type while the same mapping
   object is passed, so pass a new mapping rather than changing one in place);
+- each stack of numpy arrays is written by the ``stack`` passed in: one thread by default (workers),
+  split over the threads of :mod:`shmloader.collate.threads` when large and ``num_workers=0``;
 - errors name the field (``batch['image'][0]``) and keep torch's type and wording;
 - importing this module does not import torch.
 
@@ -42,6 +44,7 @@ from shmloader.collate.context import (
     CollateContext,
     CollateRule,
     SlotFull,
+    Stack,
     heap_alloc,
 )
 from shmloader.collate.rules import (
@@ -57,6 +60,7 @@ __all__ = [
     "CollateRule",
     "CollateShapeError",
     "SlotFull",
+    "Stack",
     "collate",
     "default_collate",
     "default_convert",
@@ -189,11 +193,16 @@ def collate(
     *,
     to_torch: bool = False,
     rules: Mapping[Any, CollateRule] | None = None,
+    stack: Stack | None = None,
 ) -> Any:
-    """Collate a list of samples into one batch, asking ``alloc`` for every output array."""
+    """Collate a list of samples into one batch, asking ``alloc`` for every output array.
+
+    ``stack(batch, out)`` writes each stack of numpy arrays: ``rules.stack_into`` (one thread) when
+    None; with ``num_workers=0`` the loader passes a ``collate.threads.ThreadedStack``.
+    """
     if to_torch:
         _torch_rules._torch()  # torch mode makes tensors; imported only now, not with shmloader
-    ctx = CollateContext(alloc, to_torch, rules, find_rule)
+    ctx = CollateContext(alloc, to_torch, rules, find_rule, stack or _rules.stack_into)
     return find_rule(type(batch[0]), rules, to_torch)(batch, ctx)
 
 

@@ -1,6 +1,6 @@
 """The collate context: what a collate rule is given, and the allocator contract.
 
-Owns the types every rule module shares (``Alloc``, ``SlotFull``, ``CollateRule``,
+Owns the types every rule module shares (``Alloc``, ``Stack``, ``SlotFull``, ``CollateRule``,
 ``CollateContext``) so that ``shmloader.collate`` (the lookup), ``collate.rules`` (numpy rules)
 and ``collate.torch_rules`` (tensor rules) import it and not each other. Runs wherever a batch is
 collated (workers; the main process with ``num_workers=0``). Imports nothing of torch.
@@ -13,10 +13,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Alloc", "CollateContext", "CollateRule", "FindRule", "SlotFull", "heap_alloc"]
+__all__ = ["Alloc", "CollateContext", "CollateRule", "FindRule", "SlotFull", "Stack", "heap_alloc"]
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 """``alloc(shape, dtype)``: a writable, C-contiguous, uninitialised array; may raise SlotFull."""
+
+Stack = Callable[[Sequence[Any], np.ndarray], np.ndarray]
+"""``stack(batch, out)``: write equally shaped arrays into ``out`` along a new first axis; returns
+``out``. ``rules.stack_into`` (one thread) by default; ``threads.ThreadedStack`` with ``num_workers=0``."""
 
 
 class SlotFull(Exception):
@@ -48,12 +52,18 @@ FindRule = Callable[[type, "Mapping[Any, CollateRule] | None", bool], CollateRul
 
 
 class CollateContext:
-    """What a rule may use: ``alloc``, ``to_torch``, ``rules``, ``path`` and :meth:`collate`."""
+    """What a rule may use: ``alloc``, ``stack``, ``to_torch``, ``rules``, ``path`` and :meth:`collate`."""
 
-    __slots__ = ("alloc", "to_torch", "rules", "_segments", "_find")
+    __slots__ = ("alloc", "stack", "to_torch", "rules", "_segments", "_find")
 
-    def __init__(self, alloc: Alloc, to_torch: bool, rules: Mapping[Any, CollateRule] | None, find: FindRule):
+    def __init__(self, alloc: Alloc, to_torch: bool, rules: Mapping[Any, CollateRule] | None, find: FindRule,
+                 stack: Stack | None = None):
+        if stack is None:
+            from shmloader.collate.rules import stack_into  # rules imports this module
+
+            stack = stack_into
         self.alloc = alloc
+        self.stack = stack
         self.to_torch = to_torch
         self.rules = rules
         self._segments: list[str] = []

@@ -142,14 +142,15 @@ def check_array_dtype(elem: np.ndarray, ctx: CollateContext) -> None:
 
 
 def stack_checked(batch: Sequence[Any], out: np.ndarray, ctx: CollateContext) -> np.ndarray:
-    """Stack the samples into ``out`` (shaped after entry 0); unequal shapes: CollateShapeError.
+    """Stack the samples into ``out`` (shaped after entry 0) with ``ctx.stack``; unequal shapes:
+    CollateShapeError.
 
     numpy checks every dimension but the first; the first is checked here, by ``len``.
     """
     try:
         if out.ndim > 1 and len(set(map(len, batch))) > 1:
             raise ValueError("samples differ in length")
-        return stack_into(batch, out)
+        return ctx.stack(batch, out)
     except (ValueError, TypeError):
         raise_shape_error(batch, ctx)
         raise

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shmloader import state as _state
+from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
 from shmloader.errors import LoaderClosed, PluginError
 from shmloader.worker.main import make_fetcher, run_collate
@@ -134,12 +135,15 @@ class BaseIter:
 
 
 class SingleProcessIter(BaseIter):
-    """``num_workers=0``: fetch and collate in the calling thread, into ordinary memory."""
+    """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
+    ``collate_threads`` of ``collate.threads``), into ordinary memory."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
         self._spec = plan.worker_spec(self._base_seed)
         self._fetcher = make_fetcher(self._spec)
+        # Large numpy stacks split over a few threads, as torch.stack does here (issue 16); workers don't.
+        self._stack = stack_for(plan.config.collate_threads)
 
     def _next_data(self) -> Any:
         try:
@@ -167,7 +171,7 @@ class SingleProcessIter(BaseIter):
             data = self._fetcher.fetch(index)  # an iterable dataset may end here too
             t1 = time.perf_counter()
             batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data,
-                                _heap_alloc)
+                                _heap_alloc, self._stack)
         t2 = time.perf_counter()
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited

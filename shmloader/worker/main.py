@@ -92,10 +92,14 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
 
 
 def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,
-                alloc: Any) -> Any:
-    """Collate one task's samples: into ``alloc`` (builtin), by conversion, or by the user's fn."""
+                alloc: Any, stack: Callable[[Any, Any], Any] | None = None) -> Any:
+    """Collate one task's samples: into ``alloc`` (builtin), by conversion, or by the user's fn.
+
+    Workers stack with one thread (``stack=None``: ``rules.stack_into``); ``num_workers=0`` passes a
+    ``collate.threads.ThreadedStack``.
+    """
     if kind == "builtin":
-        return collate(data, alloc, to_torch=to_torch, rules=rules or None)
+        return collate(data, alloc, to_torch=to_torch, rules=rules or None, stack=stack)
     if kind == "convert":
         return default_convert(data, to_torch=to_torch)
     assert fn is not None
