@@ -1,0 +1,32 @@
+"""benchmarks/ab.py, the A/B of revisions behind docs/performance.md's measured changes, still runs
+and prints one row per revision with the three figures it promises."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab.py"
+ROW = re.compile(r"^WORKTREE \| [0-9.,]+ \[[0-9.,]+-[0-9.,]+\] \| [0-9.,]+ \[[0-9.,]+-[0-9.,]+\] \| "
+                 r"[0-9.,]+ \[[0-9.,]+-[0-9.,]+\]$")
+
+
+@pytest.mark.timeout(180)
+def test_ab_script_times_the_checkout_and_prints_a_row():
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--rounds", "1", "--batches", "40"],
+                         capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("tiny, num_workers=2, 40 batches, 1 rounds")
+    assert ROW.match(lines[-1]), lines[-1]
+
+
+@pytest.mark.timeout(60)
+def test_ab_script_rejects_an_unknown_workload():
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--workload", "huge"],
+                         capture_output=True, text=True, timeout=50)
+    assert out.returncode == 2 and "--workload" in out.stderr
