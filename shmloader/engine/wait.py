@@ -32,7 +32,6 @@ from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
 from shmloader.log import logger
-from shmloader.transport import wire
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS
 from shmloader.transport.segment import page_round
@@ -86,12 +85,12 @@ class WaitAndRecover:
                 dead.append(w)
                 continue
             try:
-                frames = w.replies.read()
+                replies = w.read_replies()
             except (EOFError, OSError):
                 dead.append(w)
                 continue
-            for frame in frames:
-                self._process(w, wire.decode(frame))
+            for msg in replies:
+                self._process(w, msg)
         for w in dict.fromkeys(dead):
             if self._fault is None and self._pool.workers[w.id] is w:
                 self._drain(w)
@@ -128,8 +127,8 @@ class WaitAndRecover:
         """Process every reply waiting on ``w``'s pipe; False when the pipe is closed (worker gone)."""
         try:
             while w.results.poll():  # readable: a reply (or the part of one the reader waits for), or EOF
-                for frame in w.replies.read():
-                    self._process(w, wire.decode(frame))
+                for msg in w.read_replies():
+                    self._process(w, msg)
         except (EOFError, OSError):
             return False
         return True

@@ -27,7 +27,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from shmloader.log import logger
-from shmloader.transport.wire import FrameReader, write_frame
+from shmloader.transport import wire
 from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
@@ -46,10 +46,10 @@ class WorkerHandle:
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
-    replies: FrameReader = field(init=False)  # every reply waiting on ``results``, one read (issue 16)
+    replies: wire.FrameReader = field(init=False)  # every reply waiting on ``results``, one read (issue 16)
 
     def __post_init__(self) -> None:
-        self.replies = FrameReader(self.results.fileno())
+        self.replies = wire.FrameReader(self.results.fileno())
 
     @property
     def pid(self) -> int | None:
@@ -59,8 +59,13 @@ class WorkerHandle:
         self.tasks.send(msg)
 
     def send_frame(self, payload: bytes) -> None:
-        """Send an encoded message (``wire.task_frame``): one write, no pickler set-up."""
-        write_frame(self.tasks.fileno(), payload)
+        """Send an encoded message (``wire.task_frame``): no pickler set-up."""
+        self.tasks.send_bytes(payload)
+
+    def read_replies(self) -> list[Any]:
+        """Every whole reply waiting on ``results``, decoded, in order (one read: call it when the
+        pipe polls readable). ``EOFError`` once the worker's end is closed and none is left."""
+        return [wire.decode(frame) for frame in self.replies.read()]
 
     def push(self, key: tuple[int, int]) -> None:
         if not self.outstanding:

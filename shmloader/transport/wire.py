@@ -7,8 +7,9 @@ faster than ``Connection.send``/``recv`` and speak the same framing, so either e
 
 - ``task_frame`` and ``reply_frame``: a ``Task`` (main → worker) and a ``Filled`` (worker → main),
   the two messages of every batch, as a tagged pickle of a plain tuple (no ``ForkingPickler``, no
-  ``__reduce__`` per object), which ``decode`` turns back into the message;
-- ``FrameReader``: in the main process, one ``os.read`` takes every reply a worker has written so
+  ``__reduce__`` per object), sent with ``Connection.send_bytes`` and turned back into the message
+  by ``decode``;
+- ``FrameReader``: in the main process (and in each worker, on its task pipe), one ``os.read`` takes every reply a worker has written so
   far (a ``Connection.recv`` costs two reads per reply), and a frame cut in two by the pipe waits
   in its buffer for the rest.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from shmloader.transport.messages import Filled, SlotRef, Task
 
-__all__ = ["FrameReader", "decode", "reply_frame", "task_frame", "write_frame"]
+__all__ = ["FrameReader", "decode", "reply_frame", "task_frame"]
 
 TASK_TAG = b"T"  # a pickle payload starts with b"\x80" (PROTOCOL 2+): a tag cannot be mistaken
 FILLED_TAG = b"F"
@@ -59,15 +60,6 @@ def decode(payload: bytes) -> Any:
         epoch, task, indices, slot_id, name, size, seed = pickle.loads(memoryview(payload)[1:])
         return Task(epoch, task, indices, SlotRef(slot_id, name, size), seed)
     return pickle.loads(payload)
-
-
-def write_frame(fd: int, payload: bytes) -> None:
-    """Write one frame in the framing ``Connection.recv_bytes`` reads (one ``write`` when small)."""
-    n = len(payload)
-    data = _HEADER.pack(n) + payload if n < 0x7FFFFFFF else _HEADER.pack(-1) + _LONG.pack(n) + payload
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 class FrameReader:
