@@ -3,6 +3,7 @@
     python benchmarks/ab.py 05fabe7 HEAD                       # tiny, num_workers=2, 10,000 batches, 9 rounds
     python benchmarks/ab.py 05fabe7 HEAD --workload image --batches 1000 --rounds 5
     python benchmarks/ab.py 05fabe7 WORKTREE                   # WORKTREE: the checkout as it is, edits included
+    python benchmarks/ab.py 60c995e WORKTREE --hotpath         # benchmarks/hotpath.py's figure instead
 
 Each revision is checked out into a temporary git worktree (removed at the end). Every round runs
 one child process per revision, the order alternating by round (A B, B A, ...), so a machine that
@@ -13,6 +14,10 @@ consumer that does nothing: ``time.process_time()`` of the main process, the CPU
 worker processes (psutil, 10 ms ticks), and ``time.perf_counter()``. The table gives the median
 over the rounds and [min-max]. This is how the figures in docs/performance.md's "measured changes"
 table were taken; compare rows of one run only.
+
+With ``--hotpath`` each child runs ``benchmarks/hotpath.py`` (of this checkout, on the revision's
+package) instead: the main process's Python work per batch without the pipes, whose spread is a
+fraction of a µs; its columns are net, raw and harness µs per batch (see that file).
 """
 
 from __future__ import annotations
@@ -81,8 +86,11 @@ def _checkout(repo: Path, rev: str, into: Path) -> Path:
 
 def _run_child(tree: Path, args: argparse.Namespace) -> tuple[float, float, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, __file__, "--child", args.workload, str(args.workers), str(args.batches)],
-                         env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600)
+    if args.hotpath:
+        cmd = [sys.executable, str(Path(__file__).with_name("hotpath.py")), "--batches", str(args.batches)]
+    else:
+        cmd = [sys.executable, __file__, "--child", args.workload, str(args.workers), str(args.batches)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600)
     if out.returncode:
         raise RuntimeError(f"child for {tree} failed:\n{out.stderr[-2000:]}")
     cpu, rate, workers = map(float, out.stdout.split())
@@ -103,6 +111,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--hotpath", action="store_true", help="time benchmarks/hotpath.py (tiny, 2 workers)")
     args = parser.parse_args(argv)
     repo = Path(__file__).resolve().parent.parent
     results: dict[str, list[tuple[float, float, float]]] = {rev: [] for rev in args.revisions}
@@ -117,9 +126,12 @@ def main(argv: list[str]) -> int:
             for rev, tree in trees.items():
                 if tree != repo:
                     subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False)
-    print(f"{args.workload}, num_workers={args.workers}, {args.batches} batches, {args.rounds} rounds, "
-          f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}")
-    print("revision | main CPU per batch (us) | batches/s | workers' CPU per batch (us)")
+    what = "hotpath.py: tiny, num_workers=2" if args.hotpath else f"{args.workload}, num_workers={args.workers}"
+    print(f"{what}, {args.batches} batches, {args.rounds} rounds, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    if args.hotpath:
+        print("revision | main CPU per batch, net (us) | raw (us) | harness (us)")
+    else:
+        print("revision | main CPU per batch (us) | batches/s | workers' CPU per batch (us)")
     for rev, rows in results.items():
         cpu, rate, workers = ([row[i] for row in rows] for i in range(3))
         print(f"{rev} | {_fmt(cpu)} | {_fmt(rate)} | {_fmt(workers)}")

@@ -30,3 +30,14 @@ def test_ab_script_rejects_an_unknown_workload():
     out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--workload", "huge"],
                          capture_output=True, text=True, timeout=50)
     assert out.returncode == 2 and "--workload" in out.stderr
+
+
+@pytest.mark.timeout(180)
+def test_ab_script_hotpath_times_the_iterator_without_pipes():
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--hotpath", "--rounds", "1", "--batches", "200"],
+                         capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("hotpath.py: tiny, num_workers=2, 200 batches, 1 rounds")
+    net, raw, harness = (float(v.split()[0]) for v in lines[-1].split(" | ")[1:])
+    assert 0 < harness < raw and net == pytest.approx(raw - harness, abs=0.11)
