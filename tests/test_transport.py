@@ -401,11 +401,11 @@ def test_codec_flat_descriptor_for_arrays_in_the_slot(ring):
     x, y = alloc((4, 3), np.float32), alloc((4,), np.int64)
     x[:], y[:] = np.arange(12).reshape(4, 3), np.arange(4)
     heap = [x, np.zeros(2)]  # an array outside the slot: the general (pickled) descriptor copies it in
-    assert codec.encode(heap, alloc)[0][:1] != codec.FLAT
+    assert type(codec.encode(heap, alloc)[0]) is bytes
     buf = leased(ring, slot)
     for batch in ([x, y], (x, y[::-1])):
         payload, nbytes = codec.encode(batch, alloc)
-        assert payload[:1] == codec.FLAT and nbytes == x.nbytes + y.nbytes
+        assert type(payload) is tuple and nbytes == x.nbytes + y.nbytes
         got, views = codec.decode(payload, buf, slot.size_bytes)
         assert type(got) is type(batch) and views == 2 and not got[0].flags.owndata
         for a, b in zip(got, batch):
@@ -414,13 +414,33 @@ def test_codec_flat_descriptor_for_arrays_in_the_slot(ring):
     gc.collect()
 
 
-def test_codec_rejects_a_flat_record_outside_the_slot(ring):
-    import pickle
+def test_codec_flat_descriptor_travels_inside_the_reply_frame(ring):
+    from shmloader.transport import wire
+    from shmloader.transport.messages import Filled
 
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    x = alloc((4, 3), np.float32)
+    x[:] = np.arange(12).reshape(4, 3)
+    payload, nbytes = codec.encode((x,), alloc)
+    msg = wire.decode(wire.reply_frame(Filled(0, 5, slot.id, payload, nbytes, 0.0, 0.0)))
+    assert msg.payload == payload  # one pickle for the reply: the descriptor is not pickled inside it
+    buf = leased(ring, slot)
+    got, views = codec.decode(msg.payload, buf, slot.size_bytes)
+    np.testing.assert_array_equal(got[0], x)
+    with pytest.raises(DescriptorError, match="bytes or a flat tuple, not list"):
+        codec.decode([False, ()], buf, slot.size_bytes)
+    with pytest.raises(DescriptorError, match=r"is \(is_tuple, records\)"):
+        codec.decode((False,), buf, slot.size_bytes)
+    del x, alloc, got, buf
+    gc.collect()
+
+
+def test_codec_rejects_a_flat_record_outside_the_slot(ring):
     slot = ring.grow(4096, OWNER)
     buf = leased(ring, slot)
     for record in ((4000, "<f8", (100,), (8,)), (-8, "<f8", (1,), (8,)), (0, "<f8", (2,), (-8,))):
-        payload = codec.FLAT + pickle.dumps((False, (record,)))
+        payload = (False, (record,))
         with pytest.raises(DescriptorError, match="outside the slot"):
             codec.decode(payload, buf, slot.size_bytes)
     del buf

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from shmloader.errors import DescriptorError
@@ -33,19 +32,25 @@ from shmloader.transport.ring import Ring, Slot
 Key = tuple[int, int]  # (epoch, task)
 
 
-@dataclass(eq=False)
 class TaskRecord:
-    """One dispatched task: its number, sample indices, worker, and the slot it holds (if any)."""
+    """One dispatched task: its number, sample indices, worker, and the slot it holds (if any).
 
-    epoch: int
-    task: int
-    indices: list[Any] | None
-    slot: Slot | None
-    worker_id: int = -1
+    A plain class with ``__slots__`` and its key stored, not derived: the engine reads these
+    fields a dozen times per batch (issue 16)."""
 
-    @property
-    def key(self) -> Key:
-        return (self.epoch, self.task)
+    __slots__ = ("epoch", "task", "key", "indices", "slot", "worker_id")
+
+    def __init__(self, epoch: int, task: int, indices: list[Any] | None, slot: Slot | None,
+                 worker_id: int = -1) -> None:
+        self.epoch = epoch
+        self.task = task
+        self.key: Key = (epoch, task)
+        self.indices = indices
+        self.slot = slot
+        self.worker_id = worker_id
+
+    def __repr__(self) -> str:
+        return f"TaskRecord(epoch={self.epoch}, task={self.task}, worker_id={self.worker_id}, slot={self.slot!r})"
 
 
 class Ledger:

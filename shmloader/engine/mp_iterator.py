@@ -71,7 +71,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._dispatcher = Dispatcher(self._num_workers, self._prefetch, mode=cfg.dispatch, in_order=plan.in_order,
                                       iterable=self._iterable)
         self._slot_bytes = page_round(cfg.slot_bytes) if cfg.slot_bytes else FIRST_SLOT_BYTES
-        self._full_capacity = self._dispatcher.capacity([False] * self._num_workers)  # while no worker is exhausted
+        self._none_exhausted = [False] * self._num_workers  # a map-style dataset's workers never run out
+        self._full_capacity = self._dispatcher.capacity(self._none_exhausted)
+        self._task_seeding = cfg.task_seeding
         self._start_failures: dict[int, int] = {}
         self._ring = plan.make_ring()
         self._ledger = Ledger(self._ring)
@@ -208,8 +210,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         in_pipeline = self._ledger.in_epoch(self._epoch) + len(self._reorder)
         if in_pipeline >= self._full_capacity:  # decided before any list is built (most calls)
             return
-        exhausted = self._exhausted()
-        capacity = self._dispatcher.capacity(exhausted)
+        if self._iterable:
+            exhausted = self._exhausted()
+            capacity = self._dispatcher.capacity(exhausted)
+        else:
+            exhausted, capacity = self._none_exhausted, self._full_capacity
         held = self._held()  # kept up to date below: built once per call, not once per task
         workers = self._pool.workers
         while in_pipeline < capacity:
@@ -250,11 +255,12 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
     def _send(self, worker: WorkerHandle, rec: TaskRecord) -> None:
         rec.worker_id = worker.id
         worker.push(rec.key)
-        seed = task_seed(self._base_seed, rec.epoch, rec.task) if self._plan.config.task_seeding else None
+        seed = task_seed(self._base_seed, rec.epoch, rec.task) if self._task_seeding else None
         slot = rec.slot
         assert slot is not None, "a task is sent only while it holds its slot"
+        segment = slot.segment
         try:
-            worker.send_frame(task_frame(rec.epoch, rec.task, rec.indices, slot.id, slot.segment.name, slot.size_bytes,
+            worker.send_frame(task_frame(rec.epoch, rec.task, rec.indices, slot.id, segment.name, segment.size_bytes,
                                          seed))
         except (BrokenPipeError, OSError):
             pass  # the worker is dead: its sentinel reports it and the task is handled there

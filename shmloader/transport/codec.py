@@ -15,9 +15,11 @@ memory. Here the memory is the task's slot:
 Object arrays, tensor subclasses, non-CPU and sparse tensors are pickled inline (by value).
 
 The common case — a list or tuple of plain ndarrays that collate already wrote into the slot — takes
-a flat form instead (``FLAT`` + a pickled tuple of ``(offset, dtype.str, shape, strides)``), which
-the main process turns into views without a custom unpickler: 2 to 4x less decode work per batch
-(issue 16; docs/performance.md). numpy's own buffer check refuses a record outside the slot.
+a flat form instead: not a pickle but the tuple ``(is_tuple, records)`` with one
+``(offset, dtype.str, shape, strides)`` per array, which travels inside the reply's own frame
+(one pickle per reply, not two) and which the main process turns into views without a custom
+unpickler: 2 to 4x less decode work per batch (issue 16; docs/performance.md). numpy's own buffer
+check refuses a record outside the slot. ``encode`` returns either form; ``decode`` takes either.
 """
 
 from __future__ import annotations
@@ -88,10 +90,11 @@ class _Encoder(pickle.Pickler):
         return ("t", offset, nbytes, str(t.dtype), tuple(t.shape))
 
 
-FLAT = b"F"  # first byte of a flat descriptor; a pickle starts with its PROTO opcode (0x80)
+Flat = tuple[bool, tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...]]
+"""A flat descriptor: (the batch is a tuple, not a list; one record per array)."""
 
 
-def _flat(batch: Any, alloc: SlotAllocator) -> bytes | None:
+def _flat(batch: Any, alloc: SlotAllocator) -> Flat | None:
     """The flat descriptor of a list/tuple of plain ndarrays that all live in the slot, else None."""
     kind = type(batch)
     if (kind is not list and kind is not tuple) or not batch:
@@ -108,11 +111,12 @@ def _flat(batch: Any, alloc: SlotAllocator) -> bytes | None:
         if offset is None:
             return None
         records.append((offset - lo, dt.str, arr.shape, arr.strides))
-    return FLAT + pickle.dumps((kind is tuple, tuple(records)), protocol=PROTOCOL)
+    return kind is tuple, tuple(records)
 
 
-def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes, int]:
-    """Pickle ``batch`` with its arrays placed in the slot; returns (descriptor, array bytes).
+def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
+    """Describe ``batch``, its arrays placed in the slot; returns (descriptor, array bytes): a
+    ``Flat`` tuple for a list/tuple of in-slot arrays, else a pickle with a record per array.
 
     May raise ``SlotFull`` when arrays must be copied into a slot too small for them.
     """
@@ -178,16 +182,21 @@ class _Decoder(pickle.Unpickler):
             )
 
 
-def decode(payload: bytes, buf: Any, size_bytes: int) -> tuple[Any, int]:
+def decode(payload: bytes | Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
     """Rebuild a batch as views of ``buf`` (a lease buffer); returns (batch, number of views)."""
-    if payload[:1] == FLAT:
+    if type(payload) is tuple:
         return _decode_flat(payload, buf, size_bytes)
+    if not isinstance(payload, bytes):
+        raise DescriptorError(f"a descriptor is bytes or a flat tuple, not {type(payload).__name__}")
     dec = _Decoder(io.BytesIO(payload), buf, size_bytes)
     return dec.load(), dec.views
 
 
-def _decode_flat(payload: bytes, buf: Any, size_bytes: int) -> tuple[Any, int]:
-    is_tuple, records = pickle.loads(memoryview(payload)[1:])
+def _decode_flat(payload: Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
+    try:
+        is_tuple, records = payload
+    except ValueError:
+        raise DescriptorError(f"a flat descriptor is (is_tuple, records), not {payload!r}") from None
     views = []
     for offset, dtype, shape, strides in records:
         try:  # numpy refuses a region outside the buffer (negative strides and offsets included)

@@ -77,7 +77,7 @@ class Filled:
     epoch: int
     task: int
     slot_id: int
-    payload: bytes
+    payload: bytes | tuple  # codec.encode's descriptor: a pickle, or the flat tuple
     nbytes: int
     fetch_s: float
     collate_s: float
