@@ -41,3 +41,22 @@ def test_ab_script_hotpath_times_the_iterator_without_pipes():
     assert lines[0].startswith("hotpath.py: tiny, num_workers=2, 200 batches, 1 rounds")
     net, raw, harness = (float(v.split()[0]) for v in lines[-1].split(" | ")[1:])
     assert 0 < harness < raw and net == pytest.approx(raw - harness, abs=0.11)
+
+
+@pytest.mark.timeout(120)
+def test_hotpath_cold_run_prints_three_figures():
+    out = subprocess.run([sys.executable, str(SCRIPT.with_name("hotpath.py")), "--batches", "50", "--repeats", "1",
+                          "--evict-mib", "1"], capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-2000:]
+    net, raw, harness = map(float, out.stdout.split())
+    assert raw > 0 and harness > 0 and net == pytest.approx(raw - harness, abs=0.011)
+
+
+@pytest.mark.timeout(120)
+def test_floor_script_prints_the_pipes_costs():
+    out = subprocess.run([sys.executable, str(SCRIPT.with_name("floor.py")), "--tasks", "300"],
+                         capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip()
+    assert re.search(r"main CPU [0-9.]+ us per task, [0-9,]+ tasks/s; ping-pong [0-9.]+ us", line), line
+    assert re.search(r"send_bytes [0-9.]+ us, wire.write_frame [0-9.]+ us$", line), line

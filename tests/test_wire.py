@@ -128,6 +128,48 @@ def test_reader_gathers_a_frame_longer_than_the_pipe(pipe):
     assert pos == len(data) and pickle.loads(got[0]) == b"z" * 150_000
 
 
+def test_write_frame_is_what_connection_reads():
+    recv, send = Pipe(duplex=False)
+    try:
+        wire.write_frame(send.fileno(), b"abc")
+        wire.write_frame(send.fileno(), b"")
+        assert recv.recv_bytes() == b"abc" and recv.recv_bytes() == b""
+    finally:
+        recv.close()
+        send.close()
+
+
+@pytest.mark.timeout(30)
+def test_write_frame_longer_than_the_pipe_is_written_whole(pipe):
+    import threading
+
+    r, w = pipe
+    payload = bytes(range(256)) * 1200  # 300 KiB: more than a pipe holds, so os.write takes part
+    got: list[bytes] = []
+    reader = wire.FrameReader(r)
+
+    def drain_until_whole() -> None:
+        while not got:
+            got.extend(reader.read())
+
+    drain = threading.Thread(target=drain_until_whole)
+    drain.start()
+    wire.write_frame(w, payload)
+    drain.join(20)
+    assert got == [payload]
+
+
+def test_write_frame_on_a_closed_handle_raises_oserror():
+    from shmloader.engine.workers import WorkerHandle
+
+    recv, send = Pipe(duplex=False)
+    handle = WorkerHandle(0, None, send, recv)
+    send.close()
+    with pytest.raises(OSError):
+        handle.send_frame(b"x")
+    recv.close()
+
+
 class _BigInline(shmloader.Dataset):
     """Batches whose descriptor is far larger than one pipe read (strings travel inline)."""
 

@@ -59,8 +59,8 @@ class WorkerHandle:
         self.tasks.send(msg)
 
     def send_frame(self, payload: bytes) -> None:
-        """Send an encoded message (``wire.task_frame``): no pickler set-up."""
-        self.tasks.send_bytes(payload)
+        """Send an encoded message (``wire.task_frame``): no pickler set-up, one write."""
+        wire.write_frame(self.tasks.fileno(), payload)  # fileno(): OSError once the pipe is closed
 
     def read_replies(self) -> list[Any]:
         """Every whole reply waiting on ``results``, decoded, in order (one read: call it when the

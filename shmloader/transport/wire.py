@@ -7,8 +7,10 @@ faster than ``Connection.send``/``recv`` and speak the same framing, so either e
 
 - ``task_frame`` and ``reply_frame``: a ``Task`` (main → worker) and a ``Filled`` (worker → main),
   the two messages of every batch, as a tagged pickle of a plain tuple (no ``ForkingPickler``, no
-  ``__reduce__`` per object), sent with ``Connection.send_bytes`` and turned back into the message
-  by ``decode``;
+  ``__reduce__`` per object), turned back into the message by ``decode``;
+- ``write_frame``: the framing ``Connection.send_bytes`` writes, in one ``os.write`` for any frame
+  a pipe takes whole: 0.8 against 1.8 µs of CPU per 120-byte frame (issue 16: once per task in
+  the main process, once per batch in each worker);
 - ``FrameReader``: in the main process (and in each worker, on its task pipe), one ``os.read`` takes every reply a worker has written so
   far (a ``Connection.recv`` costs two reads per reply), and a frame cut in two by the pipe waits
   in its buffer for the rest.
@@ -27,7 +29,7 @@ from typing import Any
 
 from shmloader.transport.messages import Filled, SlotRef, Task
 
-__all__ = ["FrameReader", "decode", "reply_frame", "task_frame"]
+__all__ = ["FrameReader", "decode", "reply_frame", "task_frame", "write_frame"]
 
 TASK_TAG = b"T"  # a pickle payload starts with b"\x80" (PROTOCOL 2+): a tag cannot be mistaken
 FILLED_TAG = b"F"
@@ -60,6 +62,20 @@ def decode(payload: bytes) -> Any:
         epoch, task, indices, slot_id, name, size, seed = pickle.loads(memoryview(payload)[1:])
         return Task(epoch, task, indices, SlotRef(slot_id, name, size), seed)
     return pickle.loads(payload)
+
+
+def write_frame(fd: int, payload: bytes) -> None:
+    """Write ``payload`` as one frame (what ``Connection.recv_bytes`` and ``FrameReader`` read).
+
+    One ``os.write`` of header and payload together; if the pipe takes only part (a frame larger
+    than the pipe's free space), the rest is written as the reader makes room."""
+    n = len(payload)
+    data = _HEADER.pack(n) + payload if n < 0x7FFFFFFF else _HEADER.pack(-1) + _LONG.pack(n) + payload
+    written = os.write(fd, data)
+    if written != len(data):
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view):]
 
 
 class FrameReader:

@@ -147,7 +147,7 @@ def _alive(pid: int) -> bool:
 
 def _send(conn: Connection, msg: Any) -> None:
     try:
-        conn.send_bytes(wire.reply_frame(msg))
+        wire.write_frame(conn.fileno(), wire.reply_frame(msg))
     except (BrokenPipeError, EOFError, OSError):
         os._exit(0)
 
