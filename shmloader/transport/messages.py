@@ -11,12 +11,17 @@ dataset's worker ran out of data).
 
 Every reply names the epoch and task it answers, so a reply from an abandoned epoch (a user who
 broke out of a loop with persistent workers) is recognised and its slot reclaimed.
+
+The three that travel once per batch — ``Task``, its ``SlotRef`` and ``Filled`` — are named
+tuples, which ``transport.wire`` builds straight from the unpickled tuple: 4x cheaper to make than
+a frozen slots dataclass, whose ``__init__`` sets each field through ``object.__setattr__``
+(issue 16). The rest are frozen dataclasses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 C = TypeVar("C")
 
@@ -32,9 +37,7 @@ def _compact(cls: type[C]) -> type[C]:
     return cls
 
 
-@_compact
-@dataclass(frozen=True, slots=True)
-class SlotRef:
+class SlotRef(NamedTuple):
     """Which segment a worker must write: the slot id, segment name and its size."""
 
     slot_id: int
@@ -42,9 +45,7 @@ class SlotRef:
     size_bytes: int
 
 
-@_compact
-@dataclass(frozen=True, slots=True)
-class Task:
+class Task(NamedTuple):
     epoch: int
     task: int
     indices: list[int] | None  # None for an iterable dataset's task
@@ -71,9 +72,7 @@ class Ready:
     pid: int
 
 
-@_compact
-@dataclass(frozen=True, slots=True)
-class Filled:
+class Filled(NamedTuple):
     epoch: int
     task: int
     slot_id: int

@@ -48,8 +48,7 @@ def task_frame(epoch: int, task: int, indices: list[Any] | None, slot_id: int, s
 def reply_frame(msg: Any) -> bytes:
     """The payload of a worker's reply: ``Filled`` (one per batch) as a tagged tuple, the rest pickled."""
     if type(msg) is Filled:
-        return FILLED_TAG + pickle.dumps((msg.epoch, msg.task, msg.slot_id, msg.payload, msg.nbytes, msg.fetch_s,
-                                          msg.collate_s), pickle.HIGHEST_PROTOCOL)
+        return FILLED_TAG + pickle.dumps(tuple(msg), pickle.HIGHEST_PROTOCOL)
     return pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
 
 
@@ -57,7 +56,7 @@ def decode(payload: bytes) -> Any:
     """A message from its frame's payload: a tagged task or batch, or any pickled message."""
     tag = payload[:1]
     if tag == FILLED_TAG:
-        return Filled(*pickle.loads(memoryview(payload)[1:]))
+        return Filled._make(pickle.loads(memoryview(payload)[1:]))
     if tag == TASK_TAG:
         epoch, task, indices, slot_id, name, size, seed = pickle.loads(memoryview(payload)[1:])
         return Task(epoch, task, indices, SlotRef(slot_id, name, size), seed)
