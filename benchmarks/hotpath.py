@@ -16,6 +16,10 @@ the workers, whose data in the slot is not rewritten. The harness's own work per
 the task frame, writing the reply) is timed alone and subtracted. Prints, in µs per batch, the
 minimum over ``--repeats`` of ``time.process_time()`` over ``--batches`` batches: net, raw, harness.
 
+``--workers N`` runs the loader with N workers (idle after the warm-up) and ``--poll`` adds the
+wait's ``poll`` over every reply pipe and sentinel (timeout 0: nothing is waiting), so what grows
+with the number of workers is in the figure.
+
 ``--evict-mib N`` writes N MiB of other memory between two batches (not timed; each batch is then
 timed alone, which adds the clock's own cost to every figure), as workers writing batches through
 the shared caches do to a main process that slept while they worked: the same path, run cold.
@@ -27,11 +31,13 @@ import argparse
 import pickle
 import sys
 import time
+import warnings
 from collections import deque
 from typing import Any
 
 
-def measure(batches: int, repeats: int, evict_mib: int = 0) -> tuple[float, float, float]:
+def measure(batches: int, repeats: int, evict_mib: int = 0, workers: int = 2,
+            poll: bool = False) -> tuple[float, float, float]:
     """(net, raw, harness) µs of main-process CPU per batch; see the module docstring."""
     import numpy as np
 
@@ -49,8 +55,10 @@ def measure(batches: int, repeats: int, evict_mib: int = 0) -> tuple[float, floa
         def __getitem__(self, i: int) -> tuple:
             return samples[i % len(samples)]
 
-    loader = shmloader.DataLoader(Cached(), batch_size=64, num_workers=2, persistent_workers=True)
-    it: Any = iter(loader)
+    with warnings.catch_warnings():  # torch's "more workers than CPUs" warning: meant, here
+        warnings.simplefilter("ignore", UserWarning)
+        loader = shmloader.DataLoader(Cached(), batch_size=64, num_workers=workers, persistent_workers=True)
+        it: Any = iter(loader)
     template = _warm_up(it, Filled)
     pending: deque[tuple[Any, bytes]] = deque()
 
@@ -64,7 +72,9 @@ def measure(batches: int, repeats: int, evict_mib: int = 0) -> tuple[float, floa
         if not pending:
             real_wait(started)  # a task sent to a real worker before the switch
             return
-        it._poller()
+        poller, _by_fd = it._poller()
+        if poll:
+            poller.poll(0)
         it._wait_timeout(started)
         while pending:
             w, frame = pending.popleft()
@@ -136,8 +146,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--evict-mib", type=int, default=0, help="MiB written between batches (a cold run)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--poll", action="store_true", help="include the wait's poll (timeout 0)")
     args = parser.parse_args(argv)
-    net, raw, harness = measure(args.batches, args.repeats, args.evict_mib)
+    net, raw, harness = measure(args.batches, args.repeats, args.evict_mib, args.workers, args.poll)
     print(f"{net:.2f} {raw:.2f} {harness:.2f}")
     return 0
 

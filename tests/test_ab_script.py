@@ -44,9 +44,9 @@ def test_ab_script_hotpath_times_the_iterator_without_pipes():
 
 
 @pytest.mark.timeout(120)
-def test_hotpath_cold_run_prints_three_figures():
+def test_hotpath_cold_run_with_more_workers_prints_three_figures():
     out = subprocess.run([sys.executable, str(SCRIPT.with_name("hotpath.py")), "--batches", "50", "--repeats", "1",
-                          "--evict-mib", "1"], capture_output=True, text=True, timeout=110)
+                          "--evict-mib", "1", "--workers", "3", "--poll"], capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-2000:]
     net, raw, harness = map(float, out.stdout.split())
     assert raw > 0 and harness > 0 and net == pytest.approx(raw - harness, abs=0.011)
