@@ -1,8 +1,10 @@
-"""benchmarks/ab.py, the A/B of revisions behind docs/performance.md's measured changes, still runs
-and prints one row per revision with the three figures it promises."""
+"""The scripts in benchmarks/ still run: ab.py (the A/B of revisions behind docs/performance.md's
+measured changes) prints one row per revision with the three figures it promises, hotpath.py and
+floor.py print theirs, and gpu_host.sh (the GPU machine's runbook) parses and names its modes."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -60,3 +62,12 @@ def test_floor_script_prints_the_pipes_costs():
     line = out.stdout.strip()
     assert re.search(r"main CPU [0-9.]+ us per task, [0-9,]+ tasks/s; ping-pong [0-9.]+ us", line), line
     assert re.search(r"send_bytes [0-9.]+ us, wire.write_frame [0-9.]+ us$", line), line
+
+
+@pytest.mark.timeout(60)
+def test_gpu_host_script_parses_and_names_its_modes(tmp_path):
+    script = SCRIPT.with_name("gpu_host.sh")
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    out = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, timeout=50,
+                         env={**os.environ, "OUT": str(tmp_path)})
+    assert out.returncode == 2 and "tests|scale|cuda" in out.stderr

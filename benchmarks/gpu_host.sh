@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# What issues 13 and 16 still need from a machine with a GPU and 16 cores, in three runs of under
+# 10 minutes each (the device tool's limit per command), every output kept under $OUT:
+#
+#   bash benchmarks/gpu_host.sh tests    # GPU tests, then the whole suite on that machine's Python
+#   bash benchmarks/gpu_host.sh scale    # issue 16: bench on 0..14 workers, hotpath.py, floor.py
+#   bash benchmarks/gpu_host.sh cuda     # issue 13: bench --device cuda, bench --train
+#
+# Runs from the repository root with that machine's python3 (torch with CUDA, numpy, psutil,
+# cloudpickle, pluggy, pytest, pytest-timeout already there; nothing is installed). Each step has
+# its own time bound, so one slow step cannot cost the others; a step that fails or times out is
+# noted in $OUT/summary.txt and the rest still run. On a machine without CUDA the GPU steps skip
+# (tests) or fail fast (bench --device cuda), which is how the script was checked.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/shmloader-gpu-host}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+
+step() {  # step NAME SECONDS COMMAND...: run with a bound, output to $OUT/NAME.txt, status to summary
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    local rc=$?
+    echo "$name: exit $rc in $((SECONDS - t0)) s: $*" | tee -a "$OUT/summary.txt"
+}
+
+machine() {
+    {
+        date -u
+        nproc
+        "$PY" -c "import sys, numpy, torch; print(sys.version); print('numpy', numpy.__version__, 'torch', torch.__version__,
+'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null || true
+    } >"$OUT/machine.txt" 2>&1
+}
+
+case "${1:-}" in
+tests)
+    machine
+    step gpu_tests 120 "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step suite 450 "$PY" -m pytest -q -x -p no:cacheprovider
+    ;;
+scale)
+    machine
+    step bench_workers 420 "$PY" -m shmloader bench --workers 0,1,2,4,8,14 --repeat 3 --json
+    for n in 2 8 14; do
+        step "hotpath_$n" 25 "$PY" benchmarks/hotpath.py --workers "$n" --poll --batches 10000 --repeats 3
+    done
+    step floor 25 "$PY" benchmarks/floor.py
+    ;;
+cuda)
+    machine
+    step bench_cuda 240 "$PY" -m shmloader bench --device cuda --workloads tiny,image,big --workers 2,8 --repeat 3 --json
+    step bench_train 300 "$PY" -m shmloader bench --train
+    ;;
+*)
+    echo "usage: bash benchmarks/gpu_host.sh tests|scale|cuda" >&2
+    exit 2
+    ;;
+esac
