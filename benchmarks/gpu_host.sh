@@ -15,14 +15,26 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/shmloader-gpu-host}"
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 PY="${PYTHON:-python3}"
 
-step() {  # step NAME SECONDS COMMAND...: run with a bound, output to $OUT/NAME.txt, status to summary
+# At most 8 files come back from $OUT: the small probes share one file, a --json step keeps its
+# document (stdout) apart from its table (stderr).
+step() {  # step NAME SECONDS COMMAND...: bounded; stdout+stderr appended to $OUT/NAME.txt
     local name=$1 limit=$2
     shift 2
     local t0=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    echo "== $*" >>"$OUT/$name.txt"
+    timeout --kill-after=10 "$limit" "$@" >>"$OUT/$name.txt" 2>&1
+    local rc=$?
+    echo "$name: exit $rc in $((SECONDS - t0)) s: $*" | tee -a "$OUT/summary.txt"
+}
+
+jstep() {  # jstep NAME SECONDS COMMAND...: as step, stdout (the --json document) to $OUT/NAME.json
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.txt"
     local rc=$?
     echo "$name: exit $rc in $((SECONDS - t0)) s: $*" | tee -a "$OUT/summary.txt"
 }
@@ -45,16 +57,16 @@ tests)
     ;;
 scale)
     machine
-    step bench_workers 420 "$PY" -m shmloader bench --workers 0,1,2,4,8,14 --repeat 3 --json
+    jstep bench_workers 420 "$PY" -m shmloader bench --workers 0,1,2,4,8,14 --repeat 3 --json
     for n in 2 8 14; do
-        step "hotpath_$n" 25 "$PY" benchmarks/hotpath.py --workers "$n" --poll --batches 10000 --repeats 3
+        step probes 25 "$PY" benchmarks/hotpath.py --workers "$n" --poll --batches 10000 --repeats 3
     done
-    step floor 25 "$PY" benchmarks/floor.py
+    step probes 25 "$PY" benchmarks/floor.py
     ;;
 cuda)
     machine
-    step bench_cuda 240 "$PY" -m shmloader bench --device cuda --workloads tiny,image,big --workers 2,8 --repeat 3 --json
-    step bench_train 300 "$PY" -m shmloader bench --train
+    jstep bench_cuda 240 "$PY" -m shmloader bench --device cuda --workloads tiny,image,big --workers 2,8 --repeat 3 --json
+    jstep bench_train 300 "$PY" -m shmloader bench --train --json
     ;;
 *)
     echo "usage: bash benchmarks/gpu_host.sh tests|scale|cuda" >&2
