@@ -97,3 +97,13 @@ def fake(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
     monkeypatch.setattr(pinning, "make_backend", lambda name: backend if name == "fake" else make_backend(name))
     return backend
+
+
+@pytest.fixture
+def ring():
+    """A slot ring in /dev/shm, closed after the test (the transport and codec tests drive it by hand)."""
+    from shmloader.transport.ring import Ring
+
+    r = Ring(SHM_DIR)
+    yield r
+    r.close()

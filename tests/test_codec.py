@@ -1,0 +1,113 @@
+"""Unit tests of the slot allocator and the descriptor codec: aligned regions, records checked
+against the slot before any view, the flat descriptor of in-slot arrays and its trip inside a reply."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from ring_helpers import OWNER, leased
+
+from shmloader.collate import SlotFull
+from shmloader.errors import DescriptorError
+from shmloader.transport import codec
+from shmloader.transport.alloc import SlotAllocator
+
+
+def test_allocator_aligns_and_raises_slot_full(ring):
+    slot = ring.grow(4096, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    a, b = alloc((3,), np.uint8), alloc((5,), np.float64)
+    assert a.ctypes.data % 64 == 0 and b.ctypes.data % 64 == 0 and b.ctypes.data - a.ctypes.data == 64
+    with pytest.raises(SlotFull):
+        alloc((4096,), np.uint8)
+    del a, b, alloc
+
+
+def test_codec_round_trip_records_arrays_and_inlines_the_rest(ring):
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    inside = alloc((4, 3), np.float32)
+    inside[:] = np.arange(12).reshape(4, 3)
+    outside = np.arange(6, dtype=np.int64)[::-1]  # negative strides, heap memory: copied in once
+    batch = {"x": inside, "y": outside, "name": ["a", "b"], "obj": np.array([None, 1], dtype=object)}
+    payload, nbytes = codec.encode(batch, alloc)
+    assert len(payload) < 600 and nbytes == inside.nbytes + outside.nbytes
+    assert codec.measure(batch) >= nbytes
+    del inside, alloc
+    got, views = codec.decode(payload, leased(ring, slot), slot.size_bytes)
+    assert views == 2
+    np.testing.assert_array_equal(got["x"], np.arange(12).reshape(4, 3))
+    np.testing.assert_array_equal(got["y"], np.arange(6)[::-1])
+    assert got["name"] == ["a", "b"] and got["obj"].dtype == object
+    assert not got["x"].flags.owndata
+
+
+def test_codec_rejects_a_record_outside_the_slot(ring):
+    slot = ring.grow(4096, OWNER)
+    import pickle
+
+    class Forger(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("a", 4000, np.dtype("f8"), (100,), (8,)) if isinstance(obj, np.ndarray) else None
+
+    import io
+
+    buf = io.BytesIO()
+    Forger(buf, protocol=5).dump(np.zeros(1))
+    with pytest.raises(DescriptorError, match="outside the slot"):
+        codec.decode(buf.getvalue(), leased(ring, slot), slot.size_bytes)
+    gc.collect()
+
+
+def test_codec_flat_descriptor_for_arrays_in_the_slot(ring):
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    x, y = alloc((4, 3), np.float32), alloc((4,), np.int64)
+    x[:], y[:] = np.arange(12).reshape(4, 3), np.arange(4)
+    heap = [x, np.zeros(2)]  # an array outside the slot: the general (pickled) descriptor copies it in
+    assert type(codec.encode(heap, alloc)[0]) is bytes
+    buf = leased(ring, slot)
+    for batch in ([x, y], (x, y[::-1])):
+        payload, nbytes = codec.encode(batch, alloc)
+        assert type(payload) is tuple and nbytes == x.nbytes + y.nbytes
+        got, views = codec.decode(payload, buf, slot.size_bytes)
+        assert type(got) is type(batch) and views == 2 and not got[0].flags.owndata
+        for a, b in zip(got, batch):
+            np.testing.assert_array_equal(a, b)
+    del x, y, heap, alloc, got, buf
+    gc.collect()
+
+
+def test_codec_flat_descriptor_travels_inside_the_reply_frame(ring):
+    from shmloader.transport import wire
+    from shmloader.transport.messages import Filled
+
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    x = alloc((4, 3), np.float32)
+    x[:] = np.arange(12).reshape(4, 3)
+    payload, nbytes = codec.encode((x,), alloc)
+    msg = wire.decode(wire.reply_frame(Filled(0, 5, slot.id, payload, nbytes, 0.0, 0.0)))
+    assert msg.payload == payload  # one pickle for the reply: the descriptor is not pickled inside it
+    buf = leased(ring, slot)
+    got, views = codec.decode(msg.payload, buf, slot.size_bytes)
+    np.testing.assert_array_equal(got[0], x)
+    with pytest.raises(DescriptorError, match="bytes or a flat tuple, not list"):
+        codec.decode([False, ()], buf, slot.size_bytes)
+    with pytest.raises(DescriptorError, match=r"is \(is_tuple, records\)"):
+        codec.decode((False,), buf, slot.size_bytes)
+    del x, alloc, got, buf
+    gc.collect()
+
+
+def test_codec_rejects_a_flat_record_outside_the_slot(ring):
+    slot = ring.grow(4096, OWNER)
+    buf = leased(ring, slot)
+    for record in ((4000, "<f8", (100,), (8,)), (-8, "<f8", (1,), (8,)), (0, "<f8", (2,), (-8,))):
+        payload = (False, (record,))
+        with pytest.raises(DescriptorError, match="outside the slot"):
+            codec.decode(payload, buf, slot.size_bytes)
+    del buf
+    gc.collect()
