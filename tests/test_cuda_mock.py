@@ -14,7 +14,8 @@ side of the contract, the part a GPU run would otherwise be the first to exercis
 - dropping a batch records a fence event on the current stream;
 - the torch transfer copies on the side stream, records the event there, and the caller's stream
   waits on it before the batch is handed out;
-- cupy: the same registration contract, and its transfer fills device arrays with the batch;
+- cupy (test_cuda_mock_cupy.py): the same registration contract, and its transfer fills device
+  arrays with the batch;
 - numpy batches (``shmloader.DataLoader``) view registered memory, also when taken with
   ``next(iter(loader))``.
 
@@ -31,91 +32,29 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
-import sys
-import types
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
+from cuda_fakes import (
+    ROWS,
+    FakeEvent,
+    FakeRuntime,
+    FakeStream,
+    Status,
+    data,
+    expected,
+    kinds,
+    pin_warnings,
+    registered_range,
+)
 
 import shmloader
 from shmloader.gpu import backends as pin_backends
 from shmloader.gpu import cudart, pinning
 from shmloader.gpu.backends import TorchCudaBackend, segment_address
-from shmloader.gpu.cupy_backend import CupyBackend
 from shmloader.transport.segment import PAGE_BYTES, Segment
-
-ROWS, COLS = 64, 8
-
-
-def data() -> np.ndarray:
-    return np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
-
-
-def expected(k: int) -> np.ndarray:
-    return data()[k * 8:(k + 1) * 8]
-
-
-class Status(int):
-    """Like the binding's pybind11 ``cudaError`` enum: convertible with ``int()``."""
-
-
-@dataclass
-class FakeRuntime:
-    """Records the runtime calls; ``fail_register`` makes cudaHostRegister return that error.
-
-    Registrations of addresses outside ``ours`` (segments this test did not create: an earlier
-    loader's, collected late) are not recorded, when ``ours`` is given.
-    """
-
-    log: list[tuple[Any, ...]] = field(default_factory=list)
-    fail_register: int = 0
-    ours: set[int] | None = None
-
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> Status:  # noqa: N802
-        if self.ours is None or ptr in self.ours:
-            self.log.append(("register", ptr, size, flags))
-        return Status(self.fail_register)
-
-    def cudaHostUnregister(self, ptr: int) -> Status:  # noqa: N802
-        if self.ours is None or ptr in self.ours:
-            self.log.append(("unregister", ptr))
-        return Status(0)
-
-    def cudaGetErrorString(self, status: Any) -> str:  # noqa: N802
-        return {1: "invalid argument", 712: "part or all of the requested memory range is already mapped"}.get(
-            int(status), "unknown")
-
-
-class FakeEvent:
-    serials = itertools.count()
-
-    def __init__(self, log: list[tuple[Any, ...]], current: Any) -> None:
-        self.serial, self.log, self._current, self.done = next(self.serials), log, current, False
-
-    def record(self, stream: Any = None) -> None:
-        self.log.append(("record", self.serial, stream if stream is not None else self._current()))
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
-        self.log.append(("event_sync", self.serial))
-
-
-class FakeStream:
-    def __init__(self, name: str, log: list[tuple[Any, ...]]) -> None:
-        self.name, self.log = name, log
-
-    def wait_event(self, event: FakeEvent) -> None:
-        self.log.append(("wait", self.name, event.serial))
-
-    def __repr__(self) -> str:
-        return self.name
 
 
 @pytest.fixture
@@ -162,16 +101,6 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     pinning.accelerator_available.cache_clear()
     yield runtime
     pinning.accelerator_available.cache_clear()
-
-
-def kinds(log: list[tuple[Any, ...]], *names: str) -> list[tuple[Any, ...]]:
-    return [entry for entry in log if entry[0] in names]
-
-
-def pin_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
-    """shmloader's pinning warnings among ``caught``: "no accelerator", or a failed registration."""
-    texts = [str(w.message) for w in caught]
-    return [t for t in texts if t == pinning.NO_ACCELERATOR or "could not pin slot memory" in t]
 
 
 @pytest.mark.timeout(60)
@@ -331,100 +260,6 @@ def test_a_batch_from_a_dropped_iterator_stays_registered_while_held(fake_cuda: 
         assert ("unregister", ptr) in fake_cuda.log  # let go with the last view
     finally:
         loader.close()
-
-
-def registered_range(runtime: FakeRuntime, array: np.ndarray) -> int | None:
-    """The registered address whose range holds ``array``'s memory, or None."""
-    address = array.__array_interface__["data"][0]
-    for _kind, ptr, size, _flags in kinds(runtime.log, "register"):
-        if ptr <= address and address + array.nbytes <= ptr + size:
-            return int(ptr)
-    return None
-
-
-# -- cupy ---------------------------------------------------------------------------------------
-@pytest.fixture
-def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
-    """A ``cupy`` module with the runtime, streams, events, devices and arrays the backend uses."""
-    runtime = FakeRuntime()
-    log = runtime.log
-
-    class Event:
-        def __init__(self, stream: Any) -> None:
-            self.stream, self.done = stream, True
-
-        def synchronize(self) -> None:
-            log.append(("event_sync",))
-
-    class Stream:
-        def __init__(self, non_blocking: bool = False, name: str = "side") -> None:
-            self.name = name
-
-        def record(self) -> Event:
-            log.append(("record", self.name))
-            return Event(self)
-
-        def wait_event(self, event: Event) -> None:
-            log.append(("wait", self.name, event.stream.name))
-
-        def __enter__(self) -> Stream:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            return None
-
-    class Device:
-        def __init__(self, index: int = 0) -> None:
-            self.index = index
-
-        def synchronize(self) -> None:
-            log.append(("synchronize",))
-
-        def __enter__(self) -> Device:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            return None
-
-    class DeviceArray:
-        def __init__(self, shape: Any, dtype: Any) -> None:
-            self.host = np.empty(shape, dtype)
-
-        def set(self, array: np.ndarray, stream: Any = None) -> None:
-            log.append(("set", getattr(stream, "name", None)))
-            self.host[...] = array
-
-    def host_register(ptr: int, size: int, flags: int) -> None:
-        runtime.cudaHostRegister(ptr, size, flags)
-
-    current = Stream(name="default")
-    cupy = types.ModuleType("cupy")
-    cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, hostRegister=host_register,
-                                      hostUnregister=runtime.cudaHostUnregister),
-        Stream=Stream, Device=Device, get_current_stream=lambda: current)
-    cupy.empty = DeviceArray  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setenv(pinning.ENV_BACKEND, "cupy")
-    return runtime
-
-
-@pytest.mark.timeout(60)
-def test_cupy_registers_each_segment_once_and_moves_batches(fake_cupy: FakeRuntime) -> None:
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True,
-                                  persistent_workers=True)
-    try:
-        assert CupyBackend.usable()
-        moved = [x.host.copy() for (x,) in shmloader.to_device(loader, "cuda:0")]
-        assert isinstance(loader._pinner, CupyBackend)
-    finally:
-        loader.close()
-    np.testing.assert_array_equal(np.concatenate(moved), data())
-    registered = kinds(fake_cupy.log, "register")
-    assert registered and all(r[1] % PAGE_BYTES == 0 and r[3] == 1 for r in registered)
-    assert sorted(u[1] for u in kinds(fake_cupy.log, "unregister")) == sorted(r[1] for r in registered)
-    assert {s[1] for s in kinds(fake_cupy.log, "set")} == {"side"}  # non_blocking: on the side stream
-    assert ("wait", "default", "side") in fake_cupy.log  # the caller's stream waits on the copy
 
 
 # -- the runtime library ------------------------------------------------------------------------
