@@ -202,7 +202,7 @@ def test_grow_reserves_the_earliest_task_first_and_sends_each_task_once_grown(en
     engine._growths.start(late, 3 * PAGE)
     engine._growths.start(early, 2 * PAGE)
     engine._grow()  # no reply waits: it reserves everything
-    assert engine.sent == [(2, 2 * PAGE), (5, 3 * PAGE)] and not engine._growths
+    assert engine.sent == [(2, 2 * PAGE), (5, 3 * PAGE)] and not engine._growths.waiting
 
 
 def test_grow_returns_after_one_part_when_a_reply_waits(engine: _Engine) -> None:
@@ -211,7 +211,7 @@ def test_grow_returns_after_one_part_when_a_reply_waits(engine: _Engine) -> None
     engine.replies_w.send("a batch became due")
     engine._grow()
     assert rec.slot is not None and rec.slot.growing is not None and rec.slot.growing.reserved == PAGE
-    assert engine.sent == [] and len(engine._growths) == 1  # the reply first; the slot grows on later
+    assert engine.sent == [] and len(engine._growths.waiting) == 1  # the reply first; the slot grows on later
     engine.replies_r.recv()
     engine._grow()
     assert engine.sent == [(0, 4 * PAGE)]

@@ -37,9 +37,6 @@ class Growths:
         self._ledger = ledger
         self.waiting: list[TaskRecord] = []  # read it (a cheap test on the hot path), change it through the methods
 
-    def __len__(self) -> int:
-        return len(self.waiting)
-
     def start(self, rec: TaskRecord, min_bytes: int) -> None:
         """The task's batch did not fit: its slot starts growing to ``min_bytes``; it waits here."""
         self._ledger.begin_resize(rec, min_bytes)
