@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from shmloader import DataLoader
+from shmloader.engine import workers
 from shmloader.errors import format_indices, rebuild_worker_exception
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 4 workers, 2 CPUs
@@ -103,22 +104,25 @@ def test_a_pool_that_fails_part_way_stops_the_workers_it_started(
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
-def test_fork_start_freezes_the_collector_around_the_fork_only(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_a_forked_worker_freezes_and_the_parent_never_does(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child freezes what it inherited (tests/test_fork_gc.py); the parent's collector is left alone."""
     calls: list[str] = []
-    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))  # in this process only
     monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
     fail_third_start(OSError(errno.EAGAIN, "fork refused"), False, monkeypatch)
     start = BaseProcess.start
+    armed: list[bool] = []
 
     def recorded(self: BaseProcess) -> None:
-        calls.append("start")
+        armed.append(workers._freeze_in_child)
         start(self)
 
     monkeypatch.setattr(BaseProcess, "start", recorded)
     with pytest.raises(OSError):
         iter(DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=3, multiprocessing_context=method))
-    once = ["freeze", "start", "unfreeze"] if method == "fork" else ["start"]
-    assert calls == once * 3  # the refused third start unfreezes too
+    assert calls == []
+    assert armed == [method == "fork"] * 3  # armed for each fork of a worker, the refused one included
+    assert workers._freeze_in_child is False  # and disarmed after it
 
 
 RLIMIT_CHILD = textwrap.dedent("""

@@ -32,6 +32,21 @@ from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
 _KILL_TIMEOUT_S = 1.0
+_freeze_in_child = False  # True only while this process forks one of our workers
+
+
+def _freeze_inherited() -> None:
+    """In a process just forked, before any of its Python code runs: if it is one of our workers,
+    freeze every object it inherited, so that its collector never visits (and never finalizes)
+    the parent's garbage. The parent's own permanent generation is never touched."""
+    global _freeze_in_child
+    if _freeze_in_child:
+        _freeze_in_child = False  # a process the worker forks in turn is not one of ours
+        gc.freeze()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to inherit
+    os.register_at_fork(after_in_child=_freeze_inherited)
 
 
 @dataclass(eq=False)
@@ -131,27 +146,26 @@ class WorkerPool:
         return handle
 
     def _launch(self, process: Any) -> None:
-        """``process.start()``; under fork with the collector frozen, so the child never collects
-        (and never finalizes) the parent's cyclic garbage it inherited.
+        """``process.start()``; under fork the child freezes what it inherited, at the fork itself.
 
-        ``gc.freeze()`` moves every tracked object to the permanent generation, which the child
-        never scans; the parent thaws them right after the fork. Both are O(1) list splices:
-        0.23 us per freeze/unfreeze pair measured with torch and numpy imported (165,618 tracked
-        objects; 100 pairs), against milliseconds for the fork itself. Thawed objects land in the
-        oldest generation, so young garbage of that instant waits for the next full collection.
-        An application that froze objects itself (``gc.get_freeze_count() > 0``) is left alone:
-        unfreezing would thaw its objects too (the check walks the frozen objects: 17 ms for the
-        same 165,618, once per worker start, only in such an application). Defence in depth: the primary guard is that our
-        finalizers check ``ProcessOwner.here`` and do nothing in a forked child.
+        ``os.register_at_fork`` runs ``_freeze_inherited`` in the child inside ``os.fork()``, before
+        any of the child's Python code, so no collection can come first. ``gc.freeze()`` splices
+        every generation onto the permanent one, which the collector never scans: the child never
+        finalizes the parent's cyclic garbage (batches, leases, rings, pin state). It used to be a
+        freeze/unfreeze pair around ``start()`` in the parent, skipped where objects were frozen
+        already, which on Python 3.12 is always (the interpreter starts with objects of its own
+        there): tests/test_fork_gc.py. Defence in depth: the primary guard is that our finalizers
+        check ``ProcessOwner.here`` and do nothing in a forked child.
         """
-        if not self._fork or gc.get_freeze_count():
+        global _freeze_in_child
+        if not self._fork:
             process.start()
             return
-        gc.freeze()
+        _freeze_in_child = True
         try:
             process.start()
         finally:
-            gc.unfreeze()
+            _freeze_in_child = False
 
     def replace(self, worker_id: int) -> WorkerHandle:
         """Reap a dead worker and start its successor under the same id."""

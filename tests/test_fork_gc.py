@@ -1,0 +1,103 @@
+"""A forked worker never collects, and so never finalizes, the garbage it inherited from the parent.
+
+Issue 13's first defect: a worker's collector ran the parent's finalizers (a CUDA fence recorded
+in a process where CUDA was never initialised: SIGABRT). Two guards answer it (docs/design/
+ownership.md): our finalizers are inert outside their process, and a worker starts with every
+inherited object frozen, so its collector never visits them. The second guard used to be a
+``gc.freeze()``/``gc.unfreeze()`` pair around ``Process.start()`` in the parent, skipped whenever
+the parent already held frozen objects (to leave an application's own frozen objects frozen). On
+Python 3.12 the interpreter itself starts with objects in the permanent generation
+(``gc.get_freeze_count()`` is 375 at start-up on 3.12.1), so the guard was never applied there, and
+an application that froze objects lost it everywhere. Now the child freezes what it inherited, at
+the fork itself (``os.register_at_fork``), before any of its Python code runs; the parent's
+permanent generation is never touched.
+
+Each case runs in a fresh interpreter: it freezes and disables the collector, which must not leak
+into the test session.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import gc, json, os, sys
+    import numpy as np
+    import shmloader
+
+    APP_FROZE = sys.argv[1] == "app-froze"
+    read_end, write_end = os.pipe()
+
+
+    class Witness:
+        \"\"\"Cyclic garbage whose finalizer says which process ran it.\"\"\"
+
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            os.write(write_end, b"%d\\n" % os.getpid())
+
+
+    def collect(_worker_id):
+        gc.collect()  # what an ordinary worker's first collection would do, made certain
+
+
+    def frozen(obj):
+        return gc.is_tracked(obj) and not any(o is obj for o in gc.get_objects())  # not in generations 0-2
+
+
+    gc.disable()  # the garbage below stays uncollected in the parent until the end
+    marker = [object()]  # one of the application's objects
+    if APP_FROZE:
+        gc.freeze()  # an application (a fork server, say) froze its start-up objects itself
+    frozen_before = gc.get_freeze_count(), frozen(marker)
+    Witness()  # garbage now: only a cycle keeps it
+    loader = shmloader.DataLoader(np.arange(8), batch_size=2, num_workers=2, worker_init_fn=collect,
+                                  multiprocessing_context="fork")
+    batches = len(list(loader))  # both workers ran worker_init_fn before their first batch
+    loader.close()
+    frozen_after = gc.get_freeze_count(), frozen(marker)
+    gc.enable()
+    gc.collect()  # the parent collects its own garbage: the finalizer runs here, once
+    os.close(write_end)
+    finalized_in = [int(pid) for pid in os.read(read_end, 1 << 16).split()]
+    print(json.dumps({"parent": os.getpid(), "finalized_in": finalized_in, "batches": batches,
+                      "frozen_before": frozen_before, "frozen_after": frozen_after}))
+""")
+
+
+def _run(case: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, case], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["plain", "app-froze"])
+def test_a_worker_never_finalizes_the_parents_garbage(case: str) -> None:
+    result = _run(case)
+    assert result["batches"] == 4
+    assert result["finalized_in"] == [result["parent"]], (
+        f"the parent's garbage was finalized in {result['finalized_in']} (parent {result['parent']})")
+
+
+@pytest.mark.timeout(120)
+def test_starting_workers_leaves_the_applications_frozen_objects_frozen() -> None:
+    result = _run("app-froze")
+    (count_before, marker_before), (count_after, marker_after) = result["frozen_before"], result["frozen_after"]
+    assert marker_before and marker_after  # not thawed by a worker's start
+    assert count_after > count_before / 2  # (frozen objects may still die by reference counting)
+
+
+@pytest.mark.timeout(120)
+def test_starting_workers_leaves_the_interpreters_frozen_objects_frozen() -> None:
+    # Python 3.12 starts with objects of its own in the permanent generation; others with none
+    result = _run("plain")
+    (count_before, marker_before), (count_after, marker_after) = result["frozen_before"], result["frozen_after"]
+    assert count_after == count_before and not marker_before and not marker_after
