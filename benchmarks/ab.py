@@ -4,6 +4,7 @@
     python benchmarks/ab.py 05fabe7 HEAD --workload image --batches 1000 --rounds 5
     python benchmarks/ab.py 05fabe7 WORKTREE                   # WORKTREE: the checkout as it is, edits included
     python benchmarks/ab.py 60c995e WORKTREE --hotpath         # benchmarks/hotpath.py's figure instead
+    python benchmarks/ab.py HEAD TORCH --consumer-us 150       # a 150 µs training step sets the pace; vs torch
 
 Each revision is checked out into a temporary git worktree (removed at the end). Every round runs
 one child process per revision, the order alternating by round (A B, B A, ...), so a machine that
@@ -13,7 +14,13 @@ slowly gets busier weighs on both. A child imports shmloader from its revision o
 consumer that does nothing: ``time.process_time()`` of the main process, the CPU time of its
 worker processes (psutil, 10 ms ticks), and ``time.perf_counter()``. The table gives the median
 over the rounds and [min-max]. This is how the figures in docs/performance.md's "measured changes"
-table were taken; compare rows of one run only.
+table were taken; compare rows of one run only. ``TORCH`` in place of a revision runs
+``torch.utils.data.DataLoader`` with the same arguments in the same kind of child (torch's
+``default_collate`` makes tensors of the numpy samples, as in the bench).
+
+With ``--consumer-us N`` the consumer spins N µs after each batch, as a training step would, so
+the loader is no longer what sets the pace; the main CPU column is then the time spent inside
+``next()`` only (the clock calls' own cost subtracted): what the loader costs a training job.
 
 With ``--hotpath`` each child runs ``benchmarks/hotpath.py`` (of this checkout, on the revision's
 package) instead: the main process's Python work per batch without the pipes, whose spread is a
@@ -23,6 +30,7 @@ fraction of a µs; its columns are net, raw and harness µs per batch (see that 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import subprocess
@@ -30,20 +38,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 WORKTREE = "WORKTREE"
+TORCH = "TORCH"  # not a revision: torch.utils.data.DataLoader in the same child, for comparison
 WARMUP = 20
 _BATCH_SIZE = {"tiny": 64, "image": 64}
 
 
-def _child(workload: str, num_workers: int, batches: int) -> None:
-    """Runs in the child: one loader, one timed stretch; prints main-CPU, rate, workers-CPU."""
+def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0.0,
+           which: str = "shmloader") -> None:
+    """Runs in the child: one loader, one timed stretch; prints main-CPU, rate, workers-CPU.
+
+    With ``consumer_us`` the consumer spins that long after each batch (a training step that sets
+    the pace) and the main CPU printed is the part spent inside ``next()`` only. ``which``:
+    ``shmloader`` (the revision on PYTHONPATH) or ``torch`` (torch's DataLoader, same arguments)."""
     import numpy as np
     import psutil
 
-    import shmloader
-
     rng = np.random.default_rng(0)
+    samples: list[tuple[Any, Any]]
     if workload == "tiny":
         samples = [(rng.random(16, dtype=np.float32), np.int64(i)) for i in range(8)]
     else:
@@ -56,8 +70,9 @@ def _child(workload: str, num_workers: int, batches: int) -> None:
         def __getitem__(self, i: int) -> tuple:
             return samples[i % len(samples)]
 
-    loader = shmloader.DataLoader(Cached(), batch_size=_BATCH_SIZE[workload], num_workers=num_workers,
-                                  persistent_workers=num_workers > 0)
+    source: Any = importlib.import_module("torch.utils.data" if which == "torch" else "shmloader")
+    loader = source.DataLoader(Cached(), batch_size=_BATCH_SIZE[workload], num_workers=num_workers,
+                               persistent_workers=num_workers > 0)
     it = iter(loader)
     for _ in range(WARMUP):
         next(it)
@@ -66,31 +81,61 @@ def _child(workload: str, num_workers: int, batches: int) -> None:
     def workers_cpu() -> float:
         return sum(sum(k.cpu_times()[:2]) for k in kids)
 
-    k0, c0, t0 = workers_cpu(), time.process_time(), time.perf_counter()
-    for _ in range(batches):
-        batch = next(it)
-    c1, t1, k1 = time.process_time(), time.perf_counter(), workers_cpu()
-    del batch, it
+    if consumer_us:
+        cpu, rate, workers = _paced(it, batches, consumer_us / 1e6, workers_cpu)
+    else:
+        k0, c0, t0 = workers_cpu(), time.process_time(), time.perf_counter()
+        for _ in range(batches):
+            batch = next(it)
+        c1, t1, k1 = time.process_time(), time.perf_counter(), workers_cpu()
+        del batch
+        cpu, rate, workers = (c1 - c0) / batches, batches / (t1 - t0), (k1 - k0) / batches
+    del it
     if hasattr(loader, "close"):
         loader.close()
-    print(f"{(c1 - c0) / batches * 1e6:.2f} {batches / (t1 - t0):.1f} {(k1 - k0) / batches * 1e6:.2f}")
+    print(f"{cpu * 1e6:.2f} {rate:.1f} {workers * 1e6:.2f}")
+
+
+def _paced(it: Any, batches: int, consumer_s: float, workers_cpu: Any) -> tuple[float, float, float]:
+    """(main CPU inside next() per batch, batches/s, workers' CPU per batch) with a consumer that
+    spins ``consumer_s`` per batch; the cost of the clock calls around next() is subtracted."""
+    from floor import clock_cost  # benchmarks/floor.py, beside this script
+
+    clock = min(clock_cost(10_000) for _ in range(5))
+    pt, pc = time.process_time, time.perf_counter
+    inside = 0.0
+    k0, t0 = workers_cpu(), pc()
+    for _ in range(batches):
+        c0 = pt()
+        batch = next(it)
+        inside += pt() - c0
+        end = pc() + consumer_s
+        while pc() < end:
+            pass
+        del batch
+    t1, k1 = pc(), workers_cpu()
+    return inside / batches - clock, batches / (t1 - t0), (k1 - k0) / batches
+
+
 
 
 def _checkout(repo: Path, rev: str, into: Path) -> Path:
-    if rev == WORKTREE:
+    if rev in (WORKTREE, TORCH):
         return repo
     path = into / rev.replace("/", "_")
     subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(path), rev], check=True)
     return path
 
 
-def _run_child(tree: Path, args: argparse.Namespace) -> tuple[float, float, float]:
+def _run_child(tree: Path, args: argparse.Namespace, which: str) -> tuple[float, float, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     if args.hotpath:
         cmd = [sys.executable, str(Path(__file__).with_name("hotpath.py")), "--batches", str(args.batches)]
     else:
-        cmd = [sys.executable, __file__, "--child", args.workload, str(args.workers), str(args.batches)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600)
+        cmd = [sys.executable, __file__, "--child", args.workload, str(args.workers), str(args.batches),
+               str(args.consumer_us), which]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600,
+                         check=False)
     if out.returncode:
         raise RuntimeError(f"child for {tree} failed:\n{out.stderr[-2000:]}")
     cpu, rate, workers = map(float, out.stdout.split())
@@ -103,16 +148,21 @@ def _fmt(values: list[float], unit: str = "") -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
-        _child(argv[1], int(argv[2]), int(argv[3]))
+        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("revisions", nargs="+", help=f"git revisions, or {WORKTREE} for the checkout as it is")
+    parser.add_argument("revisions", nargs="+", help=f"git revisions, {WORKTREE} for the checkout as it is, "
+                        f"{TORCH} for torch.utils.data.DataLoader")
     parser.add_argument("--workload", choices=sorted(_BATCH_SIZE), default="tiny")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--hotpath", action="store_true", help="time benchmarks/hotpath.py (tiny, 2 workers)")
+    parser.add_argument("--consumer-us", type=float, default=0.0,
+                        help="the consumer spins this long per batch; main CPU is then what next() takes")
     args = parser.parse_args(argv)
+    if args.hotpath and TORCH in args.revisions:
+        parser.error(f"--hotpath times shmloader's iterator: {TORCH} has none")
     repo = Path(__file__).resolve().parent.parent
     results: dict[str, list[tuple[float, float, float]]] = {rev: [] for rev in args.revisions}
     with tempfile.TemporaryDirectory(prefix="shmloader-ab-") as tmp:
@@ -121,12 +171,14 @@ def main(argv: list[str]) -> int:
             for r in range(args.rounds):
                 order = args.revisions if r % 2 == 0 else args.revisions[::-1]
                 for rev in order:
-                    results[rev].append(_run_child(trees[rev], args))
+                    results[rev].append(_run_child(trees[rev], args, "torch" if rev == TORCH else "shmloader"))
         finally:
             for rev, tree in trees.items():
                 if tree != repo:
                     subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False)
     what = "hotpath.py: tiny, num_workers=2" if args.hotpath else f"{args.workload}, num_workers={args.workers}"
+    if args.consumer_us and not args.hotpath:
+        what += f", consumer {args.consumer_us:g} us per batch (main CPU: inside next())"
     print(f"{what}, {args.batches} batches, {args.rounds} rounds, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
     if args.hotpath:
         print("revision | main CPU per batch, net (us) | raw (us) | harness (us)")

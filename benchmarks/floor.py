@@ -14,7 +14,9 @@ this exchange cost it on this machine: a floor under shmloader's figure for the 
 exchange (docs/performance.md). Also printed: the one-to-one ping-pong (write, sleep in poll, be
 woken, read) of one process pair, the price of one sleep and wake-up; and the CPU of sending one
 120-byte frame to a process that keeps reading, with ``Connection.send_bytes`` and with
-``shmloader.transport.wire.write_frame`` (the same bytes in one ``os.write``).
+``shmloader.transport.wire.write_frame`` (the same bytes in one ``os.write``); and the CPU of one
+write to a reader asleep in ``poll`` against one to a reader that is awake: what waking an idle
+worker costs the process that sends it a task.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
 
 TASK = b"t" * 40
 REPLY = b"r" * 100
@@ -39,18 +42,25 @@ def _worker(task_r: int, reply_w: int, work_s: float) -> None:
         os.write(reply_w, REPLY)
 
 
+def _fork_peer(body: Callable[[int, int], None]) -> tuple[int, int, int]:
+    """A forked process running ``body(task_r, reply_w)``; returns (pid, task_w, reply_r)."""
+    task_r, task_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(task_w)
+        os.close(reply_r)
+        body(task_r, reply_w)
+        os._exit(0)
+    os.close(task_r)
+    os.close(reply_w)
+    return pid, task_w, reply_r
+
+
 def _start(n: int, work_s: float) -> tuple[list[int], list[int], list[int]]:
     pids, task_ws, reply_rs = [], [], []
     for _ in range(n):
-        task_r, task_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(task_w)
-            os.close(reply_r)
-            _worker(task_r, reply_w, work_s)
-        os.close(task_r)
-        os.close(reply_w)
+        pid, task_w, reply_r = _fork_peer(lambda task_r, reply_w: _worker(task_r, reply_w, work_s))
         pids.append(pid)
         task_ws.append(task_w)
         reply_rs.append(reply_r)
@@ -102,6 +112,62 @@ def ping_pong(rounds: int) -> float:
     return cpu / rounds * 1e6
 
 
+def clock_cost(n: int = 20_000) -> float:
+    """CPU seconds that one pair of ``time.process_time()`` calls adds to what it brackets."""
+    total = 0.0
+    for _ in range(n):
+        c0 = time.process_time()
+        total += time.process_time() - c0
+    return total / n
+
+
+def wake_write(rounds: int, gap_us: float = 50.0) -> tuple[float, float]:
+    """(waking, plain) µs of the writer's CPU per 40-byte ``os.write``: to a reader asleep in
+    ``poll`` (it must be woken), and to a reader that spins on a non-blocking read (nobody to wake).
+
+    Between two writes to the sleeping reader the writer waits for its acknowledgement and then
+    spins ``gap_us``, so that the reader is back asleep: the case of a task sent to an idle worker,
+    which is every task when the training step, not the loader, sets the pace (docs/performance.md).
+    """
+    results = []
+    for sleeping in (True, False):
+        pid, task_w, ack_r = _fork_peer(lambda task_r, ack_w: _reader(task_r, ack_w, sleeping))
+        clock, total = clock_cost(), 0.0
+        for _ in range(rounds):
+            c0 = time.process_time()
+            os.write(task_w, TASK)
+            total += time.process_time() - c0
+            if sleeping:
+                os.read(ack_r, 1)
+                end = time.perf_counter() + gap_us / 1e6
+                while time.perf_counter() < end:
+                    pass
+        os.close(task_w)
+        os.waitpid(pid, 0)
+        os.close(ack_r)
+        results.append(max(total / rounds - clock, 0.0) * 1e6)
+    return results[0], results[1]
+
+
+def _reader(task_r: int, ack_w: int, sleeping: bool) -> None:
+    """``wake_write``'s reader: sleeps in ``poll`` and acknowledges each frame, or spins."""
+    if not sleeping:
+        os.set_blocking(task_r, False)
+    poller = select.poll()
+    poller.register(task_r, select.POLLIN)
+    while True:
+        if sleeping:
+            poller.poll()
+        try:
+            data = os.read(task_r, 1 << 16)
+        except BlockingIOError:
+            continue
+        if not data:
+            os._exit(0)
+        if sleeping:
+            os.write(ack_w, b"a")
+
+
 def frame_write(frames: int) -> tuple[float, float]:
     """(send_bytes, write_frame) µs of CPU per 120-byte frame, a reader process draining the pipe."""
     from multiprocessing import Pipe
@@ -140,10 +206,12 @@ def main(argv: list[str]) -> int:
     cpu, rate = exchange(args.workers, args.prefetch, args.work_us, args.tasks)
     pp = ping_pong(args.tasks)
     send_bytes, write_frame = frame_write(args.tasks)
+    waking, plain = wake_write(min(args.tasks, 5_000))
     print(f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}: workers={args.workers} prefetch={args.prefetch} "
           f"work={args.work_us:g} us: main CPU {cpu:.1f} us per task, {rate:,.0f} tasks/s; "
           f"ping-pong {pp:.1f} us of CPU per round trip; one frame: Connection.send_bytes {send_bytes:.2f} us, "
-          f"wire.write_frame {write_frame:.2f} us")
+          f"wire.write_frame {write_frame:.2f} us; one write to a reader asleep in poll {waking:.2f} us, "
+          f"to a reader awake {plain:.2f} us")
     return 0
 
 

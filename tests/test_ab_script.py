@@ -27,6 +27,25 @@ def test_ab_script_times_the_checkout_and_prints_a_row():
     assert ROW.match(lines[-1]), lines[-1]
 
 
+@pytest.mark.timeout(240)
+def test_ab_script_paced_consumer_times_next_for_shmloader_and_torch():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "TORCH", "--consumer-us", "50", "--rounds", "1",
+                          "--batches", "40"], capture_output=True, text=True, timeout=230)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("tiny, num_workers=2, consumer 50 us per batch (main CPU: inside next()), 40 batches")
+    assert ROW.match(lines[-2]), lines[-2]
+    assert re.match(r"^TORCH \| [0-9.,]+ \[", lines[-1]), lines[-1]
+
+
+@pytest.mark.timeout(60)
+def test_ab_script_refuses_torch_with_hotpath():
+    out = subprocess.run([sys.executable, str(SCRIPT), "TORCH", "--hotpath"], capture_output=True, text=True,
+                         timeout=50)
+    assert out.returncode == 2 and "--hotpath" in out.stderr and "TORCH" in out.stderr
+
+
 @pytest.mark.timeout(60)
 def test_ab_script_rejects_an_unknown_workload():
     out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--workload", "huge"],
@@ -61,7 +80,9 @@ def test_floor_script_prints_the_pipes_costs():
     assert out.returncode == 0, out.stderr[-2000:]
     line = out.stdout.strip()
     assert re.search(r"main CPU [0-9.]+ us per task, [0-9,]+ tasks/s; ping-pong [0-9.]+ us", line), line
-    assert re.search(r"send_bytes [0-9.]+ us, wire.write_frame [0-9.]+ us$", line), line
+    assert re.search(r"send_bytes [0-9.]+ us, wire.write_frame [0-9.]+ us;", line), line
+    waking, plain = map(float, re.search(r"asleep in poll ([0-9.]+) us, to a reader awake ([0-9.]+) us$", line).groups())
+    assert waking >= 0 and plain >= 0
 
 
 @pytest.mark.timeout(60)
