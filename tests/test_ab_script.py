@@ -1,6 +1,6 @@
 """The scripts in benchmarks/ still run: ab.py (the A/B of revisions behind docs/performance.md's
-measured changes) prints one row per revision with the three figures it promises, hotpath.py and
-floor.py print theirs, and gpu_host.sh (the GPU machine's runbook) parses and names its modes."""
+measured changes) prints one row per revision with the three figures it promises, hotpath.py,
+floor.py and pages.py print theirs, and gpu_host.sh (the GPU machine's runbook) parses and names its modes."""
 
 from __future__ import annotations
 
@@ -83,6 +83,18 @@ def test_floor_script_prints_the_pipes_costs():
     assert re.search(r"send_bytes [0-9.]+ us, wire.write_frame [0-9.]+ us;", line), line
     waking, plain = map(float, re.search(r"asleep in poll ([0-9.]+) us, to a reader awake ([0-9.]+) us$", line).groups())
     assert waking >= 0 and plain >= 0
+
+
+@pytest.mark.timeout(120)
+def test_pages_script_times_the_three_destinations():
+    out = subprocess.run([sys.executable, str(SCRIPT.with_name("pages.py")), "--workload", "image", "--rounds", "1",
+                          "--batches", "1"], capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert re.match(r"^image: \(64, 224, 224, 3\) uint8, 1 rounds x 1 batches; .* mounted huge=\w+, ", lines[0])
+    names = [line.split(":")[0] for line in lines[1:]]
+    assert names == ["private, huge pages", "private, 4 KiB pages", "shared"]
+    assert all(float(re.search(r": ([0-9.]+) ms per batch", line).group(1)) > 0 for line in lines[1:])
 
 
 @pytest.mark.timeout(60)

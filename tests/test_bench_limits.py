@@ -8,6 +8,7 @@ import math
 import multiprocessing
 from typing import Any
 
+import numpy as np
 import pytest
 from bench_helpers import DOCUMENT_KEYS
 from bench_helpers import rounds as _rounds
@@ -64,6 +65,46 @@ def test_ring_copy_limit_runs_in_the_same_processes_and_leaves_none() -> None:
     assert run.error is None and run.ok and run.batches == 6 and run.batches_per_s > 0
     assert run.buffers_per_process == 3 and run.to_dict()["buffers_per_process"] == 3
     assert count_children() == 0
+
+
+def test_stack_loop_shared_writes_into_unlinked_segments_of_the_directory(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[Any] = []
+    create = copylimit.Segment.create
+
+    def recorded(shm_dir: str, size_bytes: int, **kwargs: Any) -> Any:
+        made.append((shm_dir, create(shm_dir, size_bytes, **kwargs)))
+        return made[-1][1]
+
+    batches: list[Any] = []
+    monkeypatch.setattr(copylimit.Segment, "create", recorded)
+    monkeypatch.setattr(copylimit, "_stack_once", lambda columns, batch: batches.append(batch))
+
+    class Barrier:
+        def wait(self, timeout: float) -> None:
+            pass
+
+    recv, send = multiprocessing.Pipe(duplex=False)
+    copylimit._stack_loop(WORKLOADS["tiny"], 2, 3, Barrier(), send, str(tmp_path))
+    recv.close()
+    assert [d for d, _ in made] == [str(tmp_path)] * 3 and list(tmp_path.iterdir()) == []  # unlinked at once
+    for (_, segment), batch in zip(made, batches):  # every field of a batch lies in its segment
+        base = memoryview(segment.buf)
+        for array in batch:
+            assert np.shares_memory(array, np.frombuffer(base, dtype=np.uint8))
+            assert array.__array_interface__["data"][0] % 64 == 0
+        base.release()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_shared_ring_copy_limit_runs_and_leaves_no_segment(start_method: str, tmp_path: Any) -> None:
+    run = measure_copy_limit(WORKLOADS["image"], processes=2, batches=5, start_method=start_method, buffers=3,
+                             shared=True, shm_dir=str(tmp_path))  # fmt: skip
+    assert run.error is None and run.ok and run.batches_per_s > 0
+    assert run.memory == "shared" and run.to_dict()["memory"] == "shared"
+    assert list(tmp_path.iterdir()) == [] and count_children() == 0
 
 
 def _limit(seconds: float, buffers: int = 1, error: str | None = None, round_index: int = 0) -> CopyLimitRun:
@@ -125,10 +166,11 @@ def test_a_failing_ring_limit_is_reported_like_a_failing_copy_limit(
     _stub_loaders(monkeypatch)
     real = copylimit._run_processes
 
-    def ring_fails(workload: Any, processes: int, per_process: int, start_method: str, buffers: int) -> Any:
+    def ring_fails(workload: Any, processes: int, per_process: int, start_method: str, buffers: int,
+                   shm_dir: str | None) -> Any:  # fmt: skip
         if buffers > 1:
             raise RuntimeError("ring exploded")
-        return real(workload, processes, per_process, start_method, buffers)
+        return real(workload, processes, per_process, start_method, buffers, shm_dir)
 
     monkeypatch.setattr(copylimit, "_run_processes", ring_fails)
     rc = bench.main(["--workloads", "tiny", "--batches", "5", "--workers", "1", "--no-torch", "--json",
@@ -139,6 +181,7 @@ def test_a_failing_ring_limit_is_reported_like_a_failing_copy_limit(
     assert [r["error"] for r in doc["copy_limit"]["runs"]] == [None]
     (ring_run,) = doc["ring_copy_limit"]["runs"]
     assert ring_run["error"] == "RuntimeError: ring exploded" and ring_run["buffers_per_process"] == 4
+    assert ring_run["memory"] == "shared" and doc["copy_limit"]["runs"][0]["memory"] == "private"
     (ring,) = doc["ring_copy_limit"]["summaries"]
     assert ring["failed_rounds"] == 1 and ring["batches_per_s"] is None
     (shm,) = doc["summaries"]
@@ -146,16 +189,16 @@ def test_a_failing_ring_limit_is_reported_like_a_failing_copy_limit(
     assert "tiny ring limit round 1: RuntimeError: ring exploded" in err
 
 
-@pytest.mark.parametrize(("flags", "buffers"), [((), [1, 4, 1, 4]), (("--no-copy-limit",), [])])
+@pytest.mark.parametrize(("flags", "buffers"), [((), [(1, False), (4, True)] * 2), (("--no-copy-limit",), [])])
 def test_each_round_measures_both_limits_unless_no_copy_limit(
-    flags: tuple[str, ...], buffers: list[int], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    flags: tuple[str, ...], buffers: list[tuple[int, bool]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _stub_loaders(monkeypatch)
-    calls: list[int] = []
+    calls: list[tuple[int, bool]] = []  # (buffers, shared): the ring limit's in shared memory, the copy limit's not
 
     def fake_limit(workload: Any, processes: int, batches: int, start_method: str, round_index: int = 0,
-                   buffers: int = 1) -> CopyLimitRun:  # fmt: skip
-        calls.append(buffers)
+                   buffers: int = 1, shared: bool = False) -> CopyLimitRun:  # fmt: skip
+        calls.append((buffers, shared))
         return CopyLimitRun(workload.name, processes, workload.batch_bytes, 10, 0.1, round_index, None, buffers)
 
     monkeypatch.setattr(bench, "measure_copy_limit", fake_limit)
@@ -163,6 +206,6 @@ def test_each_round_measures_both_limits_unless_no_copy_limit(
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert rc == 0 and calls == buffers
-    assert [r["buffers_per_process"] for r in doc["ring_copy_limit"]["runs"]] == buffers[1::2]
+    assert [r["buffers_per_process"] for r in doc["ring_copy_limit"]["runs"]] == [b for b, _ in buffers[1::2]]
     assert len(doc["copy_limit"]["runs"]) == len(buffers) // 2
     assert ("of ring limit" in err) == bool(buffers)

@@ -137,13 +137,14 @@ def _run_round(opts: Options, r: int, progress: Progress, results: list[Measurem
 def _run_limits(opts: Options, workload: Workload, r: int, progress: Progress,
                 limits: list[CopyLimitRun], rings: list[CopyLimitRun]) -> None:  # fmt: skip
     """One workload's copy limit (appended to ``limits``), then its ring copy limit (to ``rings``):
-    the same processes and batches, one buffer per process against a ring's share."""
+    the same processes and batches, one buffer of private memory per process against a ring's
+    share of buffers in the shared-memory directory, where slots live."""
     processes = opts.copy_limit_processes
     for name, buffers, runs in (("copy limit", 1, limits),
                                 ("ring copy limit", ring_buffers_per_process(processes), rings)):  # fmt: skip
         progress.step(f"round {r + 1}/{opts.repeat}: {workload.name} {name}")
-        runs.append(measure_copy_limit(workload, processes, opts.batches_for(workload),
-                                       opts.start_method, r, buffers=buffers))  # fmt: skip
+        runs.append(measure_copy_limit(workload, processes, opts.batches_for(workload), opts.start_method, r,
+                                       buffers=buffers, shared=runs is rings))  # fmt: skip
 
 
 def _header_extra(opts: Options) -> dict[str, Any]:

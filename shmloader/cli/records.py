@@ -95,7 +95,8 @@ class CopyLimitRun:
 
     ``batches`` in all (over every process) between the first process's start and the last one's
     end, ``seconds`` apart; each process rotated its writes over ``buffers_per_process`` buffers
-    (1: the copy limit; more: the ring copy limit).
+    (1: the copy limit; more: the ring copy limit) of ``memory``: ``private`` (the copy limit's) or
+    ``shared`` (segments of the shared-memory directory, the ring copy limit's, as slots are).
     """
 
     workload: str
@@ -106,6 +107,7 @@ class CopyLimitRun:
     round_index: int = 0
     error: str | None = None
     buffers_per_process: int = 1
+    memory: str = "private"
 
     @property
     def ok(self) -> bool:
