@@ -3,7 +3,7 @@
 # 10 minutes each (the device tool's limit per command), every output kept under $OUT:
 #
 #   bash benchmarks/gpu_host.sh tests    # GPU tests, then the whole suite on that machine's Python
-#   bash benchmarks/gpu_host.sh scale    # issue 16: bench on 0..14 workers, hotpath.py, floor.py, paced ab.py
+#   bash benchmarks/gpu_host.sh scale    # issue 16: bench on 0..14 workers, hotpath.py, floor.py, pages.py, paced ab.py
 #   bash benchmarks/gpu_host.sh cuda     # issue 13: bench --device cuda, bench --train
 #
 # Runs from the repository root with that machine's python3 (torch with CUDA, numpy, psutil,
@@ -57,11 +57,12 @@ tests)
     ;;
 scale)
     machine
-    jstep bench_workers 390 "$PY" -m shmloader bench --workers 0,1,2,4,8,14 --repeat 3 --json
+    jstep bench_workers 380 "$PY" -m shmloader bench --workers 0,1,2,4,8,14 --repeat 3 --json
     for n in 2 8 14; do
         step probes 25 "$PY" benchmarks/hotpath.py --workers "$n" --poll --batches 10000 --repeats 3
     done
     step probes 25 "$PY" benchmarks/floor.py
+    step probes 25 "$PY" benchmarks/pages.py
     # a 150 us training step sets the pace: the main CPU inside next(), shmloader and torch
     step probes 75 "$PY" benchmarks/ab.py WORKTREE TORCH --consumer-us 150 --rounds 3 --batches 3000
     ;;

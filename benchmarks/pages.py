@@ -33,7 +33,7 @@ def _mount_option(path: str) -> str:
     with open("/proc/mounts") as mounts:
         for line in mounts:
             fields = line.split()
-            if path.startswith(fields[1]) and len(fields[1]) > len(best):
+            if path.startswith(fields[1]) and len(fields[1]) >= len(best):  # the last mount on a path is on top
                 best = fields[1]
                 option = next((o[5:] for o in fields[3].split(",") if o.startswith("huge=")), "never")
     return option

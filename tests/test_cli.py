@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shmloader import __main__ as cli
+from shmloader.cli import doctor
 from shmloader.config_fields import FIELDS
 from shmloader.transport import segment, sweep
 
@@ -117,6 +118,25 @@ def test_doctor_reports_a_dead_owners_segment_and_clean_removes_only_it(tmp_path
 
     again = run_cli("doctor", *SMALL_RING, **env)
     assert again.returncode == 0 and "1 segment(s) of running loaders" in again.stdout
+
+
+@pytest.mark.parametrize(("line", "status", "words"), [
+    ("tmpfs /dev/shm tmpfs rw,nosuid,nodev,size=1024k 0 0", "info", "huge=never: slots get 4 KiB pages"),
+    ("tmpfs /dev/shm tmpfs rw,huge=advise 0 0", "info", "remount,huge=within_size /dev/shm"),
+    ("tmpfs /dev/shm tmpfs rw,huge=within_size 0 0", "ok", "huge=within_size: slots of 2 MiB and more"),
+    ("shm /dev/shm ext4 rw 0 0", "info", "not on a tmpfs"),
+])
+def test_doctor_says_whether_the_shm_dir_gives_slots_huge_pages(tmp_path, line, status, words) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"proc /proc proc rw 0 0\ntmpfs / tmpfs rw,huge=always 0 0\n"  # the deepest mount wins,
+                      f"tmpfs /dev/shm tmpfs rw,huge=always 0 0\n{line}\n")  # and of two on one path the later
+    found = doctor.check_huge_pages("/dev/shm/jobs", str(mounts))
+    assert found.check == "huge pages" and found.status == status and words in found.message
+
+
+def test_doctor_huge_pages_check_survives_an_unreadable_mount_table(tmp_path) -> None:
+    found = doctor.check_huge_pages("/dev/shm", str(tmp_path / "missing"))
+    assert found.status == "info" and "page size not checked" in found.message
 
 
 @pytest.mark.timeout(60)

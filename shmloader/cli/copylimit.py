@@ -157,7 +157,8 @@ def _shared_batch_buffer(workload: Workload, shm_dir: str) -> list[np.ndarray]:
     sizes = [workload.batch_size * f.nbytes for f in workload.fields]
     segment = Segment.create(shm_dir, sum(align_up(n) for n in sizes))
     segment.unlink()
-    arrays, offset = [], 0
+    arrays: list[np.ndarray] = []
+    offset = 0
     for f, n in zip(workload.fields, sizes):
         arrays.append(np.ndarray((workload.batch_size, *f.shape), dtype=f.dtype, buffer=segment.buf, offset=offset))
         offset += align_up(n)

@@ -2,7 +2,7 @@
 
 Owns: the checks (the configuration: a bad ``SHMLOADER_*`` value is a problem, an unknown
 ``SHMLOADER_*`` name a warning; shared-memory directory size and free bytes against the ring a
-configuration needs, RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA,
+configuration needs, its page size (a tmpfs's ``huge=``), RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA,
 segments left by dead owners) and their findings, each with a remedy. Runs in the CLI process only; torch and cupy are
 imported lazily and guarded, so a broken install is a finding, not a crash. Promises: every
 finding states the measurement it rests on; ``--clean`` removes only dead owners' segments (see
@@ -146,6 +146,39 @@ def check_shm_dir(shm_dir: str, plan: RingPlan) -> list[Finding]:
         found.append(Finding(name, WARNING, f"{shm_dir} is on {fstype}, not a memory filesystem",
                              "segments there may be written back to disk; use a tmpfs such as /dev/shm"))
     return found
+
+
+def _tmpfs_huge_option(path: str, mounts_file: str = "/proc/mounts") -> str | None:
+    """The ``huge=`` option of the tmpfs that holds ``path`` (``never`` when not given); None when
+    ``path`` is not on a tmpfs or the mount table cannot be read."""
+    real, best, option = os.path.realpath(path), "", None
+    try:
+        with open(mounts_file) as mounts:
+            for line in mounts:
+                _dev, mount, fstype, options, *_ = line.split()
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):  # the deepest mount; of two on one path, the later (on top)
+                    best = mount
+                    option = None if fstype != "tmpfs" else next(
+                        (o.removeprefix("huge=") for o in options.split(",") if o.startswith("huge=")), "never")
+    except OSError:
+        return None
+    return option
+
+
+def check_huge_pages(shm_dir: str, mounts_file: str = "/proc/mounts") -> Finding:
+    """Whether the shm directory gives large slots 2 MiB pages (fewer TLB misses per batch copy)."""
+    option = _tmpfs_huge_option(shm_dir, mounts_file)
+    if option is None:
+        return Finding("huge pages", INFO, f"{shm_dir} is not on a tmpfs (or /proc/mounts is unreadable): "
+                                           "page size not checked")  # fmt: skip
+    if option in ("always", "within_size"):
+        return Finding("huge pages", OK, f"{shm_dir} is mounted huge={option}: slots of 2 MiB and more "
+                                         "get 2 MiB pages")  # fmt: skip
+    return Finding("huge pages", INFO,
+                   f"{shm_dir} is mounted huge={option}: slots get 4 KiB pages; 'mount -o remount,huge=within_size "
+                   f"{shm_dir}' (root) would give slots of 2 MiB and more 2 MiB pages: measure before and after "
+                   "(benchmarks/pages.py, bench; docs/performance.md, 'Huge pages')")  # fmt: skip
 
 
 def check_memlock(plan: RingPlan, pin_memory: bool) -> Finding:
@@ -292,6 +325,7 @@ def run_checks(environ: Mapping[str, str], workers: int | None = None, prefetch:
     config, found = _resolve_reporting(environ)
     plan = plan_ring(config, workers, prefetch, slot_bytes)
     found += check_shm_dir(config.shm_dir, plan)
+    found.append(check_huge_pages(config.shm_dir))
     found.append(check_memlock(plan, config.pin_memory))
     found.append(check_start_methods(config))
     found.append(check_cpus(plan))

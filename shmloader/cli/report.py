@@ -236,7 +236,8 @@ def format_copy_limits(runs: Sequence[CopyLimitRun], ring_runs: Sequence[CopyLim
              "processes doing nothing else (no IPC, no consumer):\n"
              "  copy: one reused buffer per process (cache-resident when a batch fits the cache);\n"
              f"  ring: each rotates over ceil(ring_slots(N, prefetch_factor={RING_PREFETCH_FACTOR}) / N) "
-             "buffers, its share of the slots a loader of N workers writes through.")  # fmt: skip
+             "buffers, its share of the slots a loader of N workers writes through,\n"
+             "        in segments of the shared-memory directory, as slots are (copy: private memory).")  # fmt: skip
     return title + "\n" + format_table(columns, rows, left=2) + (
         "\nproblems:\n" + "\n".join(errors) if errors else "")
 

@@ -170,7 +170,7 @@ class _Decoder(pickle.Unpickler):
             _, offset, nbytes, dtype_name, shape = record
             self._check(offset, 0, nbytes)
             self.views += 1
-            u8 = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
+            u8: np.ndarray = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
             return _torch_view(u8, _torch_dtype(dtype_name), tuple(shape))
         raise DescriptorError(f"unknown record in descriptor: {record!r}")
 
@@ -197,7 +197,7 @@ def _decode_flat(payload: Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
         is_tuple, records = payload
     except ValueError:
         raise DescriptorError(f"a flat descriptor is (is_tuple, records), not {payload!r}") from None
-    views = []
+    views: list[np.ndarray] = []
     for offset, dtype, shape, strides in records:
         try:  # numpy refuses a region outside the buffer (negative strides and offsets included)
             views.append(np.ndarray(shape, dtype, buf, offset, strides))
