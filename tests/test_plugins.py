@@ -177,6 +177,24 @@ def test_explicit_rules_beat_entry_point_rules(example_installed):
     assert build_plugin_manager([Mine()]).collate_rules()[Tokens] is mine
 
 
+def test_a_marked_hook_is_found_under_any_name_but_objects_own():
+    """Registration skips only the names every object has (a speed-up: pluggy walks the MRO for
+    each name); a marked method under another name, private or a dunder of its own, still counts."""
+    class Renamed:
+        @hookimpl(specname="shmloader_batch_ready")
+        def _on_batch(self, task, worker_id):
+            pass
+
+        @hookimpl(specname="shmloader_epoch_end")
+        def __call__(self):
+            pass
+
+    pm = build_plugin_manager([Renamed()], entry_points=False).pm
+    plugin_of = {name: {impl.plugin_name for impl in getattr(pm.hook, name).get_hookimpls()}
+                 for name in ("shmloader_batch_ready", "shmloader_epoch_end")}
+    assert all("Renamed" in names for names in plugin_of.values()), plugin_of
+
+
 # -- errors name the plugin and the hook ----------------------------------------------------------
 
 
