@@ -101,3 +101,94 @@ def test_starting_workers_leaves_the_interpreters_frozen_objects_frozen() -> Non
     result = _run("plain")
     (count_before, marker_before), (count_after, marker_after) = result["frozen_before"], result["frozen_after"]
     assert count_after == count_before and not marker_before and not marker_after
+
+
+THREADS_SCRIPT = textwrap.dedent("""
+    import gc, json, os, threading
+    from multiprocessing.context import ForkProcess
+    import numpy as np
+    import shmloader
+
+    read_end, write_end = os.pipe()
+    report_r, report_w = os.pipe()
+
+
+    class Witness:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            os.write(write_end, b"%d\\n" % os.getpid())
+
+
+    def collect(_worker_id):
+        gc.collect()
+
+
+    gc.disable()
+    marker = [object()]
+    Witness()  # the parent's cyclic garbage
+
+    # Thread A is held inside its worker's start (after the loader decided to fork it, before the
+    # fork) while thread B starts and uses a loader of its own, and thread C forks a plain child.
+    a_in_start, others_done = threading.Event(), threading.Event()
+    real_start = ForkProcess.start
+
+
+    def held_start(self):
+        if threading.current_thread().name == "A" and not a_in_start.is_set():
+            a_in_start.set()
+            others_done.wait(60)
+        real_start(self)
+
+
+    ForkProcess.start = held_start
+
+
+    def run_a():
+        with shmloader.DataLoader(np.arange(8), batch_size=2, num_workers=1, worker_init_fn=collect,
+                                  multiprocessing_context="fork") as loader:
+            results["a"] = len(list(loader))
+
+
+    def run_b():
+        a_in_start.wait(60)
+        with shmloader.DataLoader(np.arange(8), batch_size=2, num_workers=1,
+                                  multiprocessing_context="fork") as loader:
+            results["b"] = len(list(loader))
+        frozen_here = gc.get_freeze_count()  # 0, or the interpreter's own (3.12)
+        pid = os.fork()  # not one of ours: must not freeze what it inherited
+        if pid == 0:
+            os.write(report_w, b"1" if gc.get_freeze_count() != frozen_here else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        others_done.set()
+
+
+    results = {}
+    threads = [threading.Thread(target=run_a, name="A"), threading.Thread(target=run_b, name="B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    gc.enable()
+    gc.collect()
+    os.close(write_end)
+    finalized_in = [int(pid) for pid in os.read(read_end, 1 << 16).split()]
+    print(json.dumps({"parent": os.getpid(), "finalized_in": finalized_in, "results": results,
+                      "plain_child_froze": os.read(report_r, 1) == b"1"}))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_freeze_belongs_to_the_thread_that_starts_the_worker() -> None:
+    """Two threads starting workers at once, and a third fork of someone else's: only our workers
+    freeze, each whatever the other threads did meanwhile (a process-wide flag was cleared by the
+    first start to finish, so a worker forked after it kept the parent's garbage collectable)."""
+    out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["results"] == {"a": 4, "b": 4}
+    assert result["finalized_in"] == [result["parent"]], (
+        f"the parent's garbage was finalized in {result['finalized_in']} (parent {result['parent']})")
+    assert not result["plain_child_froze"]

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_only_a_forked_worker_freezes_and_the_parent_never_does(method: str, mon
     armed: list[bool] = []
 
     def recorded(self: BaseProcess) -> None:
-        armed.append(workers._freeze_in_child)
+        armed.append(threading.get_ident() in workers._forking_workers)
         start(self)
 
     monkeypatch.setattr(BaseProcess, "start", recorded)
@@ -122,7 +123,7 @@ def test_only_a_forked_worker_freezes_and_the_parent_never_does(method: str, mon
         iter(DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=3, multiprocessing_context=method))
     assert calls == []
     assert armed == [method == "fork"] * 3  # armed for each fork of a worker, the refused one included
-    assert workers._freeze_in_child is False  # and disarmed after it
+    assert workers._forking_workers == set()  # and disarmed after it
 
 
 RLIMIT_CHILD = textwrap.dedent("""

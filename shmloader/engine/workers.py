@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,16 +33,18 @@ from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
 _KILL_TIMEOUT_S = 1.0
-_freeze_in_child = False  # True only while this process forks one of our workers
+# The threads of this process that are forking one of our workers right now. A thread's ident
+# survives the fork (the child's one thread is the one that forked), so the child tells by its own
+# ident whether it is one of ours, whatever the other threads start or fork meanwhile.
+_forking_workers: set[int] = set()
 
 
 def _freeze_inherited() -> None:
     """In a process just forked, before any of its Python code runs: if it is one of our workers,
     freeze every object it inherited, so that its collector never visits (and never finalizes)
     the parent's garbage. The parent's own permanent generation is never touched."""
-    global _freeze_in_child
-    if _freeze_in_child:
-        _freeze_in_child = False  # a process the worker forks in turn is not one of ours
+    if threading.get_ident() in _forking_workers:
+        _forking_workers.clear()  # a process the worker forks in turn is not one of ours
         gc.freeze()
 
 
@@ -154,18 +157,20 @@ class WorkerPool:
         finalizes the parent's cyclic garbage (batches, leases, rings, pin state). It used to be a
         freeze/unfreeze pair around ``start()`` in the parent, skipped where objects were frozen
         already, which on Python 3.12 is always (the interpreter starts with objects of its own
-        there): tests/test_fork_gc.py. Defence in depth: the primary guard is that our finalizers
+        there): tests/test_fork_gc.py. The mark is this thread's, not the process's: a worker that
+        another thread starts meanwhile, or a fork of someone else's, neither clears nor takes it.
+        Defence in depth: the primary guard is that our finalizers
         check ``ProcessOwner.here`` and do nothing in a forked child.
         """
-        global _freeze_in_child
         if not self._fork:
             process.start()
             return
-        _freeze_in_child = True
+        me = threading.get_ident()
+        _forking_workers.add(me)  # set.add/discard are atomic under the GIL: no lock needed
         try:
             process.start()
         finally:
-            _freeze_in_child = False
+            _forking_workers.discard(me)
 
     def replace(self, worker_id: int) -> WorkerHandle:
         """Reap a dead worker and start its successor under the same id."""
