@@ -30,6 +30,7 @@ from shmloader.collate.sizing import needed_bytes
 from shmloader.engine import growth
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Ledger
+from shmloader.engine.stepguard import StepGuard
 from shmloader.engine.wait import WaitAndRecover
 from shmloader.errors import ShmSpaceError
 from shmloader.transport import segment
@@ -169,6 +170,7 @@ class _Engine(WaitAndRecover):
         self._quiet_r, self._quiet_w = os.pipe()
         worker = SimpleNamespace(id=0, results=self.replies_r, process=SimpleNamespace(sentinel=self._quiet_r))
         self._pool = SimpleNamespace(workers=[worker])
+        self._guard = StepGuard()
         self.sent: list[tuple[int, int]] = []
 
     def _send(self, w: Any, rec: Any) -> None:
@@ -185,6 +187,7 @@ class _Engine(WaitAndRecover):
         self.replies_w.close()
         os.close(self._quiet_r)
         os.close(self._quiet_w)
+        self._guard.close_pipe()
         self._ring.close()
 
 

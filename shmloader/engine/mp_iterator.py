@@ -18,7 +18,9 @@ fault was raised; workers and ring are shut) | closed (``close()``: a later ``ne
    until a reply waits (``grow``).
 
 Every slot transition goes through the ledger, which names the task, so a slot is never freed or
-re-assigned by a party that does not hold it (docs/design/ownership.md).
+re-assigned by a party that does not hold it (docs/design/ownership.md). One thread at a time runs
+these steps, and owns the iterator while it does (``engine.stepguard``): a ``close()`` from another
+thread wakes it and waits for it to return before anything is shut.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
 from shmloader.engine.reorder import Reorder
+from shmloader.engine.stepguard import StepGuard
 from shmloader.engine.wait import WaitAndRecover
 from shmloader.engine.workers import WorkerHandle, WorkerPool
-from shmloader.errors import PluginError, rebuild_worker_exception
+from shmloader.errors import LoaderClosed, PluginError, rebuild_worker_exception
 from shmloader.owner import ProcessOwner
 from shmloader.transport import codec
 from shmloader.transport.messages import Detach, Failed, Reset
@@ -63,6 +66,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     def __init__(self, plan: Plan) -> None:
         self._creator = ProcessOwner()
+        self._guard = StepGuard()  # the thread inside next() owns this iterator (engine/stepguard.py)
         super().__init__(plan)
         cfg = plan.config
         self._prefetch = plan.prefetch_factor
@@ -101,7 +105,15 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._state = IterState.RUNNING
 
     def _reset(self, plan: Plan) -> None:
-        """Next epoch on the same workers (persistent_workers); an abandoned epoch is reclaimed."""
+        """Next epoch on the same workers (persistent_workers); an abandoned epoch is reclaimed.
+        Waits for a ``next()`` running in another thread to return first."""
+        self._guard.enter("iter(loader)")
+        try:
+            self._reset_owned(plan)
+        finally:
+            self._guard.leave()
+
+    def _reset_owned(self, plan: Plan) -> None:
         if self._state is IterState.CLOSED:
             raise self._closed_error()
         super()._reset(plan)
@@ -125,9 +137,22 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     def close(self) -> None:
         """Stop every worker and unlink every segment (views the user holds stay valid); a later
-        ``next()`` raises ``LoaderClosed``. A no-op in a process that inherited this iterator."""
+        ``next()`` raises ``LoaderClosed``. A no-op in a process that inherited this iterator.
+
+        From another thread while a ``next()`` runs: that ``next()`` is woken and raises
+        ``LoaderClosed``, and this call returns once it has (at most ``stepguard.CLOSE_WAIT_S``).
+        From inside that ``next()`` (a plugin hook): the iterator closes as that ``next()`` returns.
+        """
         if not self._creator.here:
             return
+        if not self._guard.close_begin():
+            return  # called from inside our own next(): it closes the iterator as it returns
+        try:
+            self._close_owned()
+        finally:
+            self._guard.close_end()
+
+    def _close_owned(self) -> None:
         self._shut(grace_s=None)
         self._state = IterState.CLOSED
 
@@ -140,6 +165,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             self._pool.shutdown() if grace_s is None else self._pool.shutdown(grace_s)
         finally:
             self._ring.close()
+            self._guard.close_pipe()
             _live.discard(self)
 
     def __del__(self) -> None:
@@ -156,14 +182,27 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     # -- the step loop -------------------------------------------------------------------------
     def _next_data(self) -> Any:
+        guard = self._guard
+        guard.enter("next()")
+        try:
+            return self._step()
+        finally:
+            if guard.stop_requested:  # close() came while this next() ran: the owner closes
+                self._close_owned()
+            guard.leave()
+
+    def _step(self) -> Any:
         if self._state is IterState.CLOSED:
             raise self._closed_error()
         if self._state is not IterState.RUNNING:
             raise StopIteration
         started = self._started = time.monotonic()
         self._user_error: BaseException | None = None
+        guard = self._guard
         try:
             while True:
+                if guard.stop_requested:  # close() from another thread: it waits for us to return
+                    raise self._closed_error()
                 self._dispatch()
                 item = self._reorder.pop()
                 if item is not None:
@@ -174,8 +213,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                 if self._growths.waiting:
                     self._grow()  # slots too small for their batch grow while nothing is due
                 self._wait(started)
-        except StopIteration:
-            raise
+        except (StopIteration, LoaderClosed):
+            raise  # the epoch's end; or close(), which shuts down cleanly as next() returns
         except PluginError:
             raise  # an observer failed; the loader itself is intact
         except BaseException as exc:

@@ -44,6 +44,7 @@ class WaitAndRecover:
 
     # state and steps of MultiProcessIter that this mixin reads and calls
     _pool: Any
+    _guard: Any  # engine.stepguard.StepGuard: its wake-up pipe is polled with the workers'
     _ring: Any
     _ledger: Ledger
     _growths: Growths
@@ -80,6 +81,8 @@ class WaitAndRecover:
             return
         dead: list[WorkerHandle] = []
         for fd, _event in ready:  # every whole reply waiting on a ready pipe, one read each
+            if fd not in by_fd:
+                continue  # the step guard's wake-up: the step loop sees the stop request next
             w, is_sentinel = by_fd[fd]
             if is_sentinel:
                 dead.append(w)
@@ -110,6 +113,8 @@ class WaitAndRecover:
                 for fd, is_sentinel in ((w.results.fileno(), False), (w.process.sentinel, True)):
                     poller.register(fd, select.POLLIN)
                     by_fd[fd] = (w, is_sentinel)
+            if self._guard.wake_fd >= 0:
+                poller.register(self._guard.wake_fd, select.POLLIN)  # close() from another thread
             self._poll_set = (workers, poller, by_fd)
         return self._poll_set[1], self._poll_set[2]
 

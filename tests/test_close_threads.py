@@ -1,0 +1,153 @@
+"""One iterator, several threads: ``close()`` from another thread, and ``next()`` from two at once.
+
+A watchdog thread that closes the loader while the training thread waits in ``next()`` used to
+tear the workers, pipes and ring down under that ``next()``: it then waited forever in ``poll``
+on pipes that no longer existed (nothing would ever wake it), or failed deep inside with a
+``ZeroDivisionError`` (no workers left to deal a task to). Now the thread inside ``next()`` owns
+the iterator until it returns: ``close()`` from another thread wakes it and waits for it to stop,
+and ``next()`` then raises ``LoaderClosed``. Each test bounds every wait; the threads are daemons,
+so a regression fails here instead of keeping the session alive.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import fault_datasets as fd
+import numpy as np
+import psutil
+import pytest
+
+from shmloader import DataLoader
+from shmloader.errors import LoaderClosed, LoaderError
+from shmloader.hookspecs import hookimpl
+
+DEADLINE_S = 20.0
+
+
+def _in_wait(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside the iterator's wait for workers (the poll)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "_wait" and "engine" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _until(condition: Any, what: str) -> None:
+    """Poll ``condition`` (bounded): for a state another thread reaches, not a sleep in its place."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def _consume(it: Any, out: dict[str, Any]) -> None:
+    try:
+        out["batches"] = [np.asarray(b).tolist() for b in it]
+    except BaseException as exc:  # recorded for the test thread to assert on
+        out["error"] = exc
+
+
+def _no_children() -> bool:
+    return not [p for p in psutil.Process().children(recursive=True)
+                if "resource_tracker" not in " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline())]
+
+
+def _close_under_next(it: Any, ready: Any, what: str, close: Any) -> dict[str, Any]:
+    """Run ``it`` to its end in a consumer thread, ``close`` from this one once ``ready()``; return
+    what the consumer got, after asserting that it returned and left no worker behind."""
+    out: dict[str, Any] = {}
+    consumer = threading.Thread(target=_consume, args=(it, out), daemon=True, name="consumer")
+    consumer.start()
+    _until(lambda: ready(consumer), what)
+    close()
+    assert _no_children(), "close() returned with workers still running"
+    consumer.join(DEADLINE_S)
+    assert not consumer.is_alive(), "next() in the other thread never returned after close()"
+    assert isinstance(out.get("error"), LoaderClosed), f"next() ended with {out!r}, not LoaderClosed"
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("closer", ["loader", "iterator"])
+def test_close_from_another_thread_stops_a_next_that_waits_for_workers(closer: str) -> None:
+    # sample 2 hangs in its worker: the second next() waits in poll with nothing to wake it
+    loader = DataLoader(fd.FaultyDataset(8, where="getitem", how="hang", at=2), batch_size=2, num_workers=2)
+    it = iter(loader)
+    assert np.asarray(next(it)).tolist() == [fd.sample(0).tolist(), fd.sample(1).tolist()]
+    out = _close_under_next(it, _in_wait, "the consumer to wait in next()", (loader if closer == "loader" else it).close)
+    assert out.get("batches") is None
+    with pytest.raises(LoaderClosed):
+        next(it)
+
+
+@pytest.mark.timeout(60)
+def test_close_from_another_thread_while_batches_flow() -> None:
+    """Whatever the consumer was doing when close() came, it gets whole batches, then LoaderClosed."""
+    loader = DataLoader(fd.FaultyDataset(4000), batch_size=2, num_workers=2)
+    it = iter(loader)
+    _close_under_next(it, lambda _t: it._num_yielded >= 20, "twenty batches", loader.close)
+
+
+class _CloseOnBatch:
+    loader: Any = None
+
+    @hookimpl
+    def shmloader_batch_ready(self, task: int) -> None:
+        if task == 1:
+            self.loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_close_from_a_hook_inside_next_takes_effect_when_that_next_returns() -> None:
+    plugin = _CloseOnBatch()
+    plugin.loader = loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, plugins=[plugin])
+    it = iter(loader)
+    assert np.asarray(next(it)).tolist()[0] == fd.sample(0).tolist()
+    batch = next(it)  # the hook closes the loader while this next() runs: its batch still comes
+    assert np.asarray(batch).tolist()[0] == fd.sample(2).tolist()
+    assert _no_children()
+    with pytest.raises(LoaderClosed):
+        next(it)
+
+
+@pytest.mark.timeout(60)
+def test_next_from_two_threads_at_once_delivers_each_batch_once() -> None:
+    loader = DataLoader(fd.FaultyDataset(2000), batch_size=2, num_workers=2)
+    it = iter(loader)
+    outs: list[dict[str, Any]] = [{}, {}]
+    threads = [threading.Thread(target=_consume, args=(it, out), daemon=True) for out in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not any(t.is_alive() for t in threads)
+    assert [o.get("error") for o in outs] == [None, None]
+    firsts = sorted(b[0][0] for o in outs for b in o["batches"])
+    assert firsts == [10 * i for i in range(0, 2000, 2)]  # every batch once, none lost or doubled
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_next_from_inside_a_hook_of_the_same_iterator_is_refused() -> None:
+    class Reenter:
+        it: Any = None
+
+        @hookimpl
+        def shmloader_batch_ready(self, task: int) -> None:
+            if task == 0:
+                next(self.it)
+
+    plugin = Reenter()
+    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, plugins=[plugin])
+    plugin.it = it = iter(loader)
+    next(it)  # the hook's error is raised at the next next(), after the batch in hand (docs/plugins.md)
+    with pytest.raises(LoaderError, match="inside"):
+        next(it)
+    loader.close()
