@@ -54,6 +54,17 @@ def _consume(it: Any, out: dict[str, Any]) -> None:
         out["error"] = exc
 
 
+def _started(dataset: Any, **kw: Any) -> tuple[DataLoader, Any]:
+    """A loader of ``dataset`` (batches of 2, 2 workers) and its iterator, workers started."""
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, **kw)
+    return loader, iter(loader)
+
+
+def _assert_refused(it: Any) -> None:
+    with pytest.raises(LoaderClosed):
+        next(it)
+
+
 def _no_children() -> bool:
     return not [p for p in psutil.Process().children(recursive=True)
                 if "resource_tracker" not in " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline())]
@@ -78,20 +89,17 @@ def _close_under_next(it: Any, ready: Any, what: str, close: Any) -> dict[str, A
 @pytest.mark.parametrize("closer", ["loader", "iterator"])
 def test_close_from_another_thread_stops_a_next_that_waits_for_workers(closer: str) -> None:
     # sample 2 hangs in its worker: the second next() waits in poll with nothing to wake it
-    loader = DataLoader(fd.FaultyDataset(8, where="getitem", how="hang", at=2), batch_size=2, num_workers=2)
-    it = iter(loader)
+    loader, it = _started(fd.FaultyDataset(8, where="getitem", how="hang", at=2))
     assert np.asarray(next(it)).tolist() == [fd.sample(0).tolist(), fd.sample(1).tolist()]
     out = _close_under_next(it, _in_wait, "the consumer to wait in next()", (loader if closer == "loader" else it).close)
     assert out.get("batches") is None
-    with pytest.raises(LoaderClosed):
-        next(it)
+    _assert_refused(it)
 
 
 @pytest.mark.timeout(60)
 def test_close_from_another_thread_while_batches_flow() -> None:
     """Whatever the consumer was doing when close() came, it gets whole batches, then LoaderClosed."""
-    loader = DataLoader(fd.FaultyDataset(4000), batch_size=2, num_workers=2)
-    it = iter(loader)
+    loader, it = _started(fd.FaultyDataset(4000))
     _close_under_next(it, lambda _t: it._num_yielded >= 20, "twenty batches", loader.close)
 
 
@@ -107,20 +115,17 @@ class _CloseOnBatch:
 @pytest.mark.timeout(60)
 def test_close_from_a_hook_inside_next_takes_effect_when_that_next_returns() -> None:
     plugin = _CloseOnBatch()
-    plugin.loader = loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, plugins=[plugin])
-    it = iter(loader)
+    plugin.loader, it = _started(fd.FaultyDataset(16), plugins=[plugin])
     assert np.asarray(next(it)).tolist()[0] == fd.sample(0).tolist()
     batch = next(it)  # the hook closes the loader while this next() runs: its batch still comes
     assert np.asarray(batch).tolist()[0] == fd.sample(2).tolist()
     assert _no_children()
-    with pytest.raises(LoaderClosed):
-        next(it)
+    _assert_refused(it)
 
 
 @pytest.mark.timeout(60)
 def test_next_from_two_threads_at_once_delivers_each_batch_once() -> None:
-    loader = DataLoader(fd.FaultyDataset(2000), batch_size=2, num_workers=2)
-    it = iter(loader)
+    loader, it = _started(fd.FaultyDataset(2000))
     outs: list[dict[str, Any]] = [{}, {}]
     threads = [threading.Thread(target=_consume, args=(it, out), daemon=True) for out in outs]
     for t in threads:
@@ -145,8 +150,8 @@ def test_next_from_inside_a_hook_of_the_same_iterator_is_refused() -> None:
                 next(self.it)
 
     plugin = Reenter()
-    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, plugins=[plugin])
-    plugin.it = it = iter(loader)
+    loader, plugin.it = _started(fd.FaultyDataset(16), plugins=[plugin])
+    it = plugin.it
     next(it)  # the hook's error is raised at the next next(), after the batch in hand (docs/plugins.md)
     with pytest.raises(LoaderError, match="inside"):
         next(it)
