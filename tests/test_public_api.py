@@ -47,3 +47,22 @@ def test_torch_flavour_exports_torch_collate_and_convert():
 
     assert isinstance(default_convert(np.zeros(2)), torch.Tensor)  # as torch's default_convert
     assert torch.equal(default_collate([np.ones(2), np.ones(2)]), torch.ones(2, 2, dtype=torch.float64))
+
+
+def test_every_error_class_is_in_the_errors_page():
+    """docs/errors.md shows each error a user can meet: in the tree, and in the table with when it
+    is raised and what to do."""
+    import inspect
+    from pathlib import Path
+
+    from shmloader import errors
+    from shmloader.collate import CollateShapeError
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+    tree = page.split("```")[1]
+    table_names = {line.split("`")[1] for line in page.splitlines() if line.startswith("| `")}
+    classes = {name for name, obj in vars(errors).items()
+               if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == errors.__name__
+               and not name.startswith("_")} | {CollateShapeError.__name__}
+    assert not {c for c in classes if c not in tree} - {"CollateShapeError"}, "missing from the tree"
+    assert not classes - {"LoaderError"} - table_names, "missing from the table"
