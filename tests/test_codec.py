@@ -80,6 +80,25 @@ def test_codec_flat_descriptor_for_arrays_in_the_slot(ring):
     gc.collect()
 
 
+def test_codec_flat_descriptor_checks_every_layout_against_the_slot(ring):
+    """The flat path's contiguous shortcut (issue 16) keeps the extent check: a transposed view is
+    described by its strides, and an array past the task's capacity is never described in place."""
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, 4096)  # the task may use the first 4096 bytes only
+    x = alloc((4, 3), np.float32)
+    x[:] = np.arange(12).reshape(4, 3)
+    payload, nbytes = codec.encode((x.T, x[::2, ::-1]), alloc)
+    assert type(payload) is tuple and nbytes == x.nbytes + x.nbytes // 2
+    past = np.frombuffer(slot.segment.buf, np.float32, count=4, offset=4096 - 8)  # straddles the end
+    assert type(codec.encode([x, past], alloc)[0]) is bytes
+    buf = leased(ring, slot)
+    got, _views = codec.decode(payload, buf, slot.size_bytes)
+    np.testing.assert_array_equal(got[0], np.arange(12).reshape(4, 3).T)
+    np.testing.assert_array_equal(got[1], np.arange(12).reshape(4, 3)[::2, ::-1])
+    del x, past, alloc, got, buf
+    gc.collect()
+
+
 def test_codec_flat_descriptor_travels_inside_the_reply_frame(ring):
     from shmloader.transport import wire
     from shmloader.transport.messages import Filled

@@ -35,8 +35,8 @@ class SlotAllocator:
         self.base_address: int = self._u8.__array_interface__["data"][0]
 
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype | type | str) -> np.ndarray:
-        dt = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        shape = tuple(map(int, shape))  # plain ints: numpy's would travel in the descriptor
         nbytes = math.prod(shape) * dt.itemsize
         offset = align_up(self.pos)
         if offset + nbytes > self.capacity:

@@ -94,24 +94,34 @@ Flat = tuple[bool, tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...]
 """A flat descriptor: (the batch is a tuple, not a list; one record per array)."""
 
 
-def _flat(batch: Any, alloc: SlotAllocator) -> Flat | None:
-    """The flat descriptor of a list/tuple of plain ndarrays that all live in the slot, else None."""
+def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
+    """The flat descriptor of a list/tuple of plain ndarrays that all live in the slot, and their
+    bytes; else None. A C-contiguous array (what the collate step writes) spans exactly its
+    ``nbytes`` from its first element, so its extent is not computed (issue 16: a worker's
+    per-batch cost)."""
     kind = type(batch)
     if (kind is not list and kind is not tuple) or not batch:
         return None
     records = []
+    base, capacity = alloc.base_address, alloc.capacity
+    total = 0
     for arr in batch:
-        if type(arr) is not np.ndarray or not arr.size:
+        if type(arr) is not np.ndarray:
             return None
+        nbytes = arr.nbytes
         dt = arr.dtype
-        if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+        if not nbytes or dt.hasobject or dt.fields is not None or dt.subdtype is not None:
             return None
-        lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
-        offset = alloc.offset_of(arr.__array_interface__["data"][0] + lo, hi - lo)
-        if offset is None:
+        if arr.flags.c_contiguous:
+            lo, hi = 0, nbytes
+        else:
+            lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
+        offset = arr.__array_interface__["data"][0] + lo - base
+        if offset < 0 or offset + hi - lo > capacity:
             return None
         records.append((offset - lo, dt.str, arr.shape, arr.strides))
-    return kind is tuple, tuple(records)
+        total += nbytes
+    return (kind is tuple, tuple(records)), total
 
 
 def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
@@ -122,7 +132,7 @@ def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
     """
     flat = _flat(batch, alloc)
     if flat is not None:
-        return flat, sum(a.nbytes for a in batch)
+        return flat
     buf = io.BytesIO()
     enc = _Encoder(buf, alloc)
     enc.dump(batch)
