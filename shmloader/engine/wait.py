@@ -74,6 +74,8 @@ class WaitAndRecover:
             fault, self._fault = self._fault, None
             raise self._fail(fault)
         poller, by_fd = self._poller()
+        if self._pool.backlog or self._room_polled:
+            self._flush_backlog(poller, by_fd)
         timeout_s = self._wait_timeout(started)
         ready = poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1000))
         if not ready:
@@ -87,6 +89,8 @@ class WaitAndRecover:
             if is_sentinel:
                 dead.append(w)
                 continue
+            if is_sentinel is None:  # a task pipe with room again: written at the next wait
+                continue
             try:
                 replies = w.read_replies()
             except (EOFError, OSError):
@@ -99,16 +103,19 @@ class WaitAndRecover:
                 self._drain(w)
                 self._on_death(w, cause=None)
 
-    _poll_set: tuple[tuple[WorkerHandle, ...], Any, dict[int, tuple[WorkerHandle, bool]]] | None = None
+    _poll_set: tuple[tuple[WorkerHandle, ...], Any, dict[int, tuple[WorkerHandle, bool | None]]] | None = None
+    _room_polled: set[int]  # task pipes polled for room (POLLOUT), set anew with the poll set
 
-    def _poller(self) -> tuple[Any, dict[int, tuple[WorkerHandle, bool]]]:
+    def _poller(self) -> tuple[Any, dict[int, tuple[WorkerHandle, bool | None]]]:
         """One ``select.poll`` over every worker's reply pipe and process sentinel — what
         ``multiprocessing.connection.wait`` does, without building a selector per call (issue 16).
-        Rebuilt when the set of workers changes (a restart)."""
+        Rebuilt when the set of workers changes (a restart). ``by_fd`` maps a polled fd to its
+        worker and what it is: True its sentinel, False its reply pipe, None its task pipe, polled
+        for room while its outbox is not empty (``_flush_backlog``)."""
         workers = tuple(self._pool.workers)
         if self._poll_set is None or self._poll_set[0] != workers:
             poller = select.poll()
-            by_fd: dict[int, tuple[WorkerHandle, bool]] = {}
+            by_fd: dict[int, tuple[WorkerHandle, bool | None]] = {}
             for w in workers:
                 for fd, is_sentinel in ((w.results.fileno(), False), (w.process.sentinel, True)):
                     poller.register(fd, select.POLLIN)
@@ -116,7 +123,29 @@ class WaitAndRecover:
             if self._guard.wake_fd >= 0:
                 poller.register(self._guard.wake_fd, select.POLLIN)  # close() from another thread
             self._poll_set = (workers, poller, by_fd)
+            self._room_polled = set()
         return self._poll_set[1], self._poll_set[2]
+
+    def _flush_backlog(self, poller: Any, by_fd: dict[int, tuple[WorkerHandle, bool | None]]) -> None:
+        """Write what each task pipe takes now of its worker's outbox, and poll a pipe that is still
+        full for room (``POLLOUT``) until it is empty; the wait never blocks on a write. A worker
+        gone meanwhile drops its outbox: its sentinel reports the death."""
+        for w in list(self._pool.backlog):
+            try:
+                w.flush()
+            except OSError:
+                continue
+        room = self._room_polled
+        for fd in [fd for fd in room if by_fd[fd][0] not in self._pool.backlog]:  # emptied: stop polling
+            poller.unregister(fd)
+            del by_fd[fd]
+            room.discard(fd)
+        for w in self._pool.backlog:
+            fd = w.tasks.fileno()
+            if fd not in room:
+                poller.register(fd, select.POLLOUT)
+                by_fd[fd] = (w, None)
+                room.add(fd)
 
     def _wait_timeout(self, started: float) -> float | None:
         deadlines = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
 import threading
 import time
@@ -54,7 +55,14 @@ if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to i
 
 @dataclass(eq=False)
 class WorkerHandle:
-    """One live worker: its process, pipes and the tasks it holds (oldest first)."""
+    """One live worker: its process, pipes, the tasks it holds (oldest first) and its outbox.
+
+    The task pipe's write end is non-blocking: a message is written as far as the pipe takes it
+    and the rest waits in ``unsent``, in order, with the handle in ``backlog`` (its pool's set of
+    handles with bytes to write) until ``flush`` has written it all. A worker reads its task pipe
+    only between tasks, so a task larger than the pipe (some 40,000 indices, or a few hundred file
+    paths) must not hold the main process up: ``timeout=``, the per-task deadline and ``close()``
+    act while it waits to be written."""
 
     id: int
     process: Any
@@ -64,21 +72,50 @@ class WorkerHandle:
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
+    backlog: set[WorkerHandle] = field(default_factory=set)  # the pool's handles with bytes unsent
+    unsent: bytearray = field(default_factory=bytearray)  # framed messages the pipe has not taken yet
     replies: wire.FrameReader = field(init=False)  # every reply waiting on ``results``, one read (issue 16)
 
     def __post_init__(self) -> None:
         self.replies = wire.FrameReader(self.results.fileno())
+        os.set_blocking(self.tasks.fileno(), False)
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
 
     def send(self, msg: Any) -> None:
-        self.tasks.send(msg)
+        """Send any picklable message (stop, ``Detach``, ``Reset``), behind every task already sent."""
+        self.send_frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
 
     def send_frame(self, payload: bytes) -> None:
-        """Send an encoded message (``wire.task_frame``): no pickler set-up, one write."""
-        wire.write_frame(self.tasks.fileno(), payload)  # fileno(): OSError once the pipe is closed
+        """Send an encoded message (``wire.task_frame``): one write, never blocking; what the pipe
+        does not take waits in the outbox. ``OSError`` once the pipe is closed or the worker gone."""
+        data = wire.frame(payload)
+        if self.unsent:
+            self.unsent += data
+            self.flush()
+            return
+        written = wire.write_some(self.tasks.fileno(), data)  # fileno(): OSError once the pipe is closed
+        if written < len(data):
+            self.unsent += memoryview(data)[written:]
+            self.backlog.add(self)
+
+    def flush(self) -> bool:
+        """Write what the pipe takes now of the outbox; True once it is empty. On ``OSError`` (the
+        worker is gone) the outbox is dropped, and the error raised: its sentinel tells the rest."""
+        try:
+            written = wire.write_some(self.tasks.fileno(), self.unsent) if self.unsent else 0
+        except OSError:
+            self.unsent.clear()
+            self.backlog.discard(self)
+            raise
+        del self.unsent[:written]
+        if self.unsent:
+            self.backlog.add(self)
+            return False
+        self.backlog.discard(self)
+        return True
 
     def read_replies(self) -> list[Any]:
         """Every whole reply waiting on ``results``, decoded, in order (one read: call it when the
@@ -112,6 +149,7 @@ class WorkerPool:
 
             self._payload = cloudpickle.dumps(spec)
         self.workers: list[WorkerHandle] = []
+        self.backlog: set[WorkerHandle] = set()  # workers whose outbox holds bytes not yet written
 
     def start_all(self) -> None:
         """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
@@ -135,7 +173,7 @@ class WorkerPool:
                 name=f"shmloader-worker-{worker_id}",
                 daemon=True,
             )
-            handle = WorkerHandle(worker_id, process, task_w, res_r)
+            handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog)
             self._launch(process)
         except BaseException:
             _close(task_r, res_w)
@@ -196,7 +234,7 @@ class WorkerPool:
         workers, self.workers = self.workers, []
         for w in workers:
             try:
-                w.send(None)
+                w.send(None)  # behind any task still in its outbox: a busy worker is terminated
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + grace_s
@@ -219,6 +257,8 @@ def _reap(w: WorkerHandle) -> None:
         p.join()
     else:
         p.join()
+    w.unsent.clear()  # nobody will read it now
+    w.backlog.discard(w)
     _close(w.tasks, w.results)
 
 

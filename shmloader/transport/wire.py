@@ -9,8 +9,10 @@ faster than ``Connection.send``/``recv`` and speak the same framing, so either e
   the two messages of every batch, as a tagged pickle of a plain tuple (no ``ForkingPickler``, no
   ``__reduce__`` per object), turned back into the message by ``decode``;
 - ``write_frame``: the framing ``Connection.send_bytes`` writes, in one ``os.write`` for any frame
-  a pipe takes whole: 0.8 against 1.8 µs of CPU per 120-byte frame (issue 16: once per task in
-  the main process, once per batch in each worker);
+  a pipe takes whole: 0.8 against 1.8 µs of CPU per 120-byte frame (issue 16: once per batch in
+  each worker); the main process frames a task the same way (``frame``) and writes it to a
+  non-blocking pipe with ``write_some``, keeping what the pipe does not take
+  (``engine.workers.WorkerHandle``: it never blocks on a busy worker);
 - ``FrameReader``: in the main process (and in each worker, on its task pipe), one ``os.read`` takes every reply a worker has written so
   far (a ``Connection.recv`` costs two reads per reply), and a frame cut in two by the pipe waits
   in its buffer for the rest.
@@ -29,7 +31,7 @@ from typing import Any
 
 from shmloader.transport.messages import Filled, SlotRef, Task
 
-__all__ = ["FrameReader", "decode", "reply_frame", "task_frame", "write_frame"]
+__all__ = ["FrameReader", "decode", "frame", "reply_frame", "task_frame", "write_frame", "write_some"]
 
 TASK_TAG = b"T"  # a pickle payload starts with b"\x80" (PROTOCOL 2+): a tag cannot be mistaken
 FILLED_TAG = b"F"
@@ -63,13 +65,28 @@ def decode(payload: bytes) -> Any:
     return pickle.loads(payload)
 
 
+def frame(payload: bytes) -> bytes:
+    """``payload`` framed: its length header (what ``Connection.recv_bytes`` and ``FrameReader``
+    read first), then the payload."""
+    n = len(payload)
+    return _HEADER.pack(n) + payload if n < 0x7FFFFFFF else _HEADER.pack(-1) + _LONG.pack(n) + payload
+
+
+def write_some(fd: int, data: bytes | bytearray | memoryview) -> int:
+    """Write what a non-blocking pipe takes now of ``data``; returns how many bytes (0 when it is
+    full). ``BrokenPipeError`` (an ``OSError``) once the reader is gone."""
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+
+
 def write_frame(fd: int, payload: bytes) -> None:
-    """Write ``payload`` as one frame (what ``Connection.recv_bytes`` and ``FrameReader`` read).
+    """Write ``payload`` as one frame to a blocking pipe (a worker's replies).
 
     One ``os.write`` of header and payload together; if the pipe takes only part (a frame larger
     than the pipe's free space), the rest is written as the reader makes room."""
-    n = len(payload)
-    data = _HEADER.pack(n) + payload if n < 0x7FFFFFFF else _HEADER.pack(-1) + _LONG.pack(n) + payload
+    data = frame(payload)
     written = os.write(fd, data)
     if written != len(data):
         view = memoryview(data)[written:]
