@@ -287,7 +287,22 @@ def rebuild_worker_exception(
     """
     where = f"DataLoader worker process {worker_id}"
     facts = f" (pid {pid}" + (f", task {task}, sample indices {format_indices(indices)}" if task is not None else "") + ")"
-    msg = f"Caught {type_name} in {where}{facts}.\nOriginal {traceback_text}"
+    return _same_kind(exc_type, f"Caught {type_name} in {where}{facts}.\nOriginal {traceback_text}")
+
+
+def batch_rebuild_error(exc: BaseException, *, worker_id: int, pid: int | None, task: int,
+                        indices: Sequence[int] | None) -> BaseException:
+    """A batch that its worker pickled could not be rebuilt in the main process (an object whose
+    unpickling fails here): the error of the same kind, naming the worker, pid, task and sample
+    indices, to be raised ``from exc`` so the original traceback follows."""
+    msg = (f"Could not rebuild the batch of task {task} (sample indices {format_indices(indices)}) from "
+           f"DataLoader worker process {worker_id} (pid {pid}) in the main process: "
+           f"{type(exc).__name__}: {exc}")
+    return _same_kind(type(exc), msg)
+
+
+def _same_kind(exc_type: type[BaseException] | None, msg: str) -> BaseException:
+    """``exc_type(msg)``, or its nearest base that can be built from one string; RuntimeError when none."""
     for candidate in _exception_classes(exc_type):
         try:  # KeyError (and its subclasses) quote their argument in str(): keep the text readable
             return candidate(_KeyErrorMessage(msg) if issubclass(candidate, KeyError) else msg)

@@ -26,8 +26,10 @@ thread wakes it and waits for it to return before anything is shut.
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -41,7 +43,14 @@ from shmloader.engine.reorder import Reorder
 from shmloader.engine.stepguard import StepGuard
 from shmloader.engine.wait import WaitAndRecover
 from shmloader.engine.workers import WorkerHandle, WorkerPool
-from shmloader.errors import LoaderClosed, PluginError, rebuild_worker_exception
+from shmloader.errors import (
+    DescriptorError,
+    LoaderClosed,
+    LoaderError,
+    PluginError,
+    batch_rebuild_error,
+    rebuild_worker_exception,
+)
 from shmloader.owner import ProcessOwner
 from shmloader.transport import codec
 from shmloader.transport.messages import Detach, Failed, Reset
@@ -107,6 +116,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
     def _reset(self, plan: Plan) -> None:
         """Next epoch on the same workers (persistent_workers); an abandoned epoch is reclaimed.
         Waits for a ``next()`` running in another thread to return first."""
+        if not self._creator.here:
+            raise self._foreign_error("iter(loader)")
         self._guard.enter("iter(loader)")
         try:
             self._reset_owned(plan)
@@ -174,6 +185,13 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         except Exception:
             pass
 
+    def _foreign_error(self, call: str) -> LoaderError:
+        """A process forked off the one that made this iterator may not use it: its workers, pipes
+        and slots are the creator's (DESIGN.md: an object is used only by the process that made it)."""
+        return LoaderError(f"{call} on a loader iterator made by process {self._creator.pid}, in process "
+                           f"{os.getpid()} (forked from it): its workers and slots belong to that process. "
+                           "Make a new DataLoader (or iterator) in this process.")
+
     def _fail(self, exc: BaseException) -> BaseException:
         """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``."""
         self._shut(grace_s=_BROKEN_GRACE_S)
@@ -182,6 +200,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     # -- the step loop -------------------------------------------------------------------------
     def _next_data(self) -> Any:
+        if not self._creator.here:
+            raise self._foreign_error("next()")
         guard = self._guard
         guard.enter("next()")
         try:
@@ -316,13 +336,25 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             raise self._user_error
         size = rec.slot.size_bytes if rec.slot is not None else 0
         buf = self._ledger.deliver(rec)
-        batch, _views = codec.decode(msg.payload, buf, size)
+        try:
+            batch, _views = codec.decode(msg.payload, buf, size)
+        except DescriptorError:
+            raise  # a descriptor that fails validation: the engine's fault, the loader is broken
+        except Exception as exc:  # the batch's own objects do not unpickle here: a data error, as a worker's
+            del buf
+            traceback.clear_frames(exc.__traceback__)  # the half-made views go now: the slot is free again
+            self._user_error = self._rebuild_error(exc, rec)
+            raise self._user_error from exc
         del buf  # the views alone keep the slot now; none at all frees it
         self._record.delivered.add(rec.task)
         self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
                            time.monotonic() - self._started, len(self._reorder), len(self._ledger),
                            len(self._ring.slots))
         return self._plan.finish(batch)
+
+    def _rebuild_error(self, exc: Exception, rec: TaskRecord) -> BaseException:
+        pid = self._pool.workers[rec.worker_id].pid if rec.worker_id < len(self._pool.workers) else None
+        return batch_rebuild_error(exc, worker_id=rec.worker_id, pid=pid, task=rec.task, indices=rec.indices)
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
         exc_type = None
