@@ -5,6 +5,7 @@
     python benchmarks/ab.py 05fabe7 WORKTREE                   # WORKTREE: the checkout as it is, edits included
     python benchmarks/ab.py 60c995e WORKTREE --hotpath         # benchmarks/hotpath.py's figure instead
     python benchmarks/ab.py HEAD TORCH --consumer-us 150       # a 150 µs training step sets the pace; vs torch
+    python benchmarks/ab.py HEAD --prefetch-factors 2,4,8      # one revision at several pipeline depths
 
 Each revision is checked out into a temporary git worktree (removed at the end). Every round runs
 one child process per revision, the order alternating by round (A B, B A, ...), so a machine that
@@ -21,6 +22,9 @@ table were taken; compare rows of one run only. ``TORCH`` in place of a revision
 With ``--consumer-us N`` the consumer spins N µs after each batch, as a training step would, so
 the loader is no longer what sets the pace; the main CPU column is then the time spent inside
 ``next()`` only (the clock calls' own cost subtracted): what the loader costs a training job.
+
+With ``--prefetch-factors 2,4`` every revision runs once per ``prefetch_factor`` in each round (the
+rows are labelled ``REV pf=N``); without it the loaders' default (2, torch's).
 
 With ``--hotpath`` each child runs ``benchmarks/hotpath.py`` (of this checkout, on the revision's
 package) instead: the main process's Python work per batch without the pipes, whose spread is a
@@ -47,7 +51,7 @@ _BATCH_SIZE = {"tiny": 64, "image": 64}
 
 
 def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0.0,
-           which: str = "shmloader") -> None:
+           which: str = "shmloader", prefetch_factor: int = 0) -> None:
     """Runs in the child: one loader, one timed stretch; prints main-CPU, rate, workers-CPU.
 
     With ``consumer_us`` the consumer spins that long after each batch (a training step that sets
@@ -71,8 +75,9 @@ def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0
             return samples[i % len(samples)]
 
     source: Any = importlib.import_module("torch.utils.data" if which == "torch" else "shmloader")
+    depth = {"prefetch_factor": prefetch_factor} if prefetch_factor else {}
     loader = source.DataLoader(Cached(), batch_size=_BATCH_SIZE[workload], num_workers=num_workers,
-                               persistent_workers=num_workers > 0)
+                               persistent_workers=num_workers > 0, **depth)
     it = iter(loader)
     for _ in range(WARMUP):
         next(it)
@@ -127,13 +132,13 @@ def _checkout(repo: Path, rev: str, into: Path) -> Path:
     return path
 
 
-def _run_child(tree: Path, args: argparse.Namespace, which: str) -> tuple[float, float, float]:
+def _run_child(tree: Path, args: argparse.Namespace, which: str, prefetch_factor: int = 0) -> tuple[float, float, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     if args.hotpath:
         cmd = [sys.executable, str(Path(__file__).with_name("hotpath.py")), "--batches", str(args.batches)]
     else:
         cmd = [sys.executable, __file__, "--child", args.workload, str(args.workers), str(args.batches),
-               str(args.consumer_us), which]
+               str(args.consumer_us), which, str(prefetch_factor)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600,
                          check=False)
     if out.returncode:
@@ -148,7 +153,7 @@ def _fmt(values: list[float], unit: str = "") -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
-        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5])
+        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5], int(argv[6]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("revisions", nargs="+", help=f"git revisions, {WORKTREE} for the checkout as it is, "
@@ -160,18 +165,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hotpath", action="store_true", help="time benchmarks/hotpath.py (tiny, 2 workers)")
     parser.add_argument("--consumer-us", type=float, default=0.0,
                         help="the consumer spins this long per batch; main CPU is then what next() takes")
+    parser.add_argument("--prefetch-factors", default="", help="comma-separated prefetch_factor values: each "
+                        "revision runs at each (default: the loaders' own, 2)")
     args = parser.parse_args(argv)
     if args.hotpath and TORCH in args.revisions:
         parser.error(f"--hotpath times shmloader's iterator: {TORCH} has none")
+    try:
+        depths = [int(v) for v in args.prefetch_factors.split(",") if v] or [0]
+    except ValueError:
+        parser.error(f"--prefetch-factors takes integers separated by commas, got {args.prefetch_factors!r}")
+    if min(depths) < (1 if args.prefetch_factors else 0) or (args.hotpath and depths != [0]):
+        parser.error("--prefetch-factors takes integers >= 1, and not with --hotpath")
     repo = Path(__file__).resolve().parent.parent
-    results: dict[str, list[tuple[float, float, float]]] = {rev: [] for rev in args.revisions}
+    variants = [(rev, pf) for rev in args.revisions for pf in depths]
+    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="shmloader-ab-") as tmp:
         trees = {rev: _checkout(repo, rev, Path(tmp)) for rev in args.revisions}
         try:
             for r in range(args.rounds):
-                order = args.revisions if r % 2 == 0 else args.revisions[::-1]
-                for rev in order:
-                    results[rev].append(_run_child(trees[rev], args, "torch" if rev == TORCH else "shmloader"))
+                for rev, pf in (variants if r % 2 == 0 else variants[::-1]):
+                    which = "torch" if rev == TORCH else "shmloader"
+                    results[rev, pf].append(_run_child(trees[rev], args, which, pf))
         finally:
             for rev, tree in trees.items():
                 if tree != repo:
@@ -184,9 +198,10 @@ def main(argv: list[str]) -> int:
         print("revision | main CPU per batch, net (us) | raw (us) | harness (us)")
     else:
         print("revision | main CPU per batch (us) | batches/s | workers' CPU per batch (us)")
-    for rev, rows in results.items():
+    for (rev, pf), rows in results.items():
         cpu, rate, workers = ([row[i] for row in rows] for i in range(3))
-        print(f"{rev} | {_fmt(cpu)} | {_fmt(rate)} | {_fmt(workers)}")
+        label = f"{rev} pf={pf}" if pf else rev
+        print(f"{label} | {_fmt(cpu)} | {_fmt(rate)} | {_fmt(workers)}")
     return 0
 
 

@@ -39,6 +39,19 @@ def test_ab_script_paced_consumer_times_next_for_shmloader_and_torch():
     assert re.match(r"^TORCH \| [0-9.,]+ \[", lines[-1]), lines[-1]
 
 
+@pytest.mark.timeout(180)
+def test_ab_script_runs_each_revision_at_each_prefetch_factor():
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--prefetch-factors", "2,4", "--rounds", "1",
+                          "--batches", "40"], capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = out.stdout.strip().splitlines()[-2:]
+    assert [r.split(" | ")[0] for r in rows] == ["WORKTREE pf=2", "WORKTREE pf=4"]
+    assert all(ROW.match(r.replace(" pf=2", "").replace(" pf=4", "")) for r in rows), rows
+    bad = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--prefetch-factors", "0"],
+                         capture_output=True, text=True, timeout=50)
+    assert bad.returncode == 2 and "--prefetch-factors" in bad.stderr
+
+
 @pytest.mark.timeout(60)
 def test_ab_script_refuses_torch_with_hotpath():
     out = subprocess.run([sys.executable, str(SCRIPT), "TORCH", "--hotpath"], capture_output=True, text=True,
