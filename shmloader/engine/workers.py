@@ -12,6 +12,11 @@ A pool that fails part-way through ``start_all`` (EMFILE, a fork refused at the 
 is torn down by the same ``shutdown`` as a whole one: each worker joins ``workers`` the moment it
 has started, and the worker whose start failed is reaped (if it got as far as existing) and its
 pipes closed before the error leaves ``_start`` (issue 15).
+
+Any thread may start a worker (``iter(loader)``, ``next()`` and so ``replace``, in a thread of the
+user's). A worker outlives the thread that started it; it dies with the main process: at once
+(``PR_SET_PDEATHSIG``) when started from the main thread or by the fork server, otherwise through
+its own poll of the main process (``worker.main._watch_parent``).
 """
 
 from __future__ import annotations
@@ -104,7 +109,9 @@ class WorkerPool:
     def __init__(self, ctx: BaseContext, spec: worker_main.WorkerSpec, num_workers: int) -> None:
         self.ctx = ctx
         self.num_workers = num_workers
-        self._fork = ctx.get_start_method() == "fork"
+        method = ctx.get_start_method()
+        self._fork = method == "fork"
+        self._forkserver = method == "forkserver"
         if self._fork:
             self._payload: Any = spec
         else:
@@ -131,7 +138,7 @@ class WorkerPool:
         try:
             process = self.ctx.Process(  # type: ignore[attr-defined]
                 target=worker_main.run,
-                args=(self._payload, worker_id, task_r, res_w, os.getpid()),
+                args=(self._payload, worker_id, task_r, res_w, os.getpid(), self._death_signal_safe()),
                 name=f"shmloader-worker-{worker_id}",
                 daemon=True,
             )
@@ -147,6 +154,14 @@ class WorkerPool:
         _close(task_r, res_w)
         logger.info("worker %d started (pid %s)", worker_id, handle.pid)
         return handle
+
+    def _death_signal_safe(self) -> bool:
+        """Whether the worker about to start may die with the thread that forks it (the kernel ties
+        ``PR_SET_PDEATHSIG`` to that thread, not to its process): the fork server's main thread, or
+        this one when it is the thread-group leader (the main thread, which lasts as long as the
+        process: CPython's main thread never ends before its process). Asked in the thread that
+        calls ``_start``, so a restart from another thread is judged on its own."""
+        return self._forkserver or threading.get_native_id() == os.getpid()
 
     def _launch(self, process: Any) -> None:
         """``process.start()``; under fork the child freezes what it inherited, at the fork itself.
