@@ -1,16 +1,23 @@
-"""Workers outlive the thread that started them.
+"""Workers outlive the thread that started them, and a process forked from the trainer leaves them alone.
 
-``PR_SET_PDEATHSIG`` is tied to the *thread* that forked the worker, not to its process
-(prctl(2)). A worker started from a thread other than the main one — a persistent loader's first
-epoch run in a thread, ``iter(loader)`` in a thread, a restart made by ``next()`` in a thread — was
-SIGKILLed when that thread ended. Such a worker now relies on its poll of the main process, which
-still ends it when the main process dies (a SIGKILL of the trainer is checked here).
+Two defects, each with its reproducer here:
+
+- ``PR_SET_PDEATHSIG`` is tied to the *thread* that forked the worker, not to its process
+  (prctl(2)). A worker started from a thread other than the main one — a persistent loader's first
+  epoch run in a thread, ``iter(loader)`` in a thread, a restart made by ``next()`` in a thread —
+  was SIGKILLed when that thread ended. Such a worker now relies on its poll of the main process,
+  which still ends it when the main process dies (a SIGKILL of the trainer is checked here).
+- A child forked from the trainer (plain ``os.fork()``, a library's) that exits normally runs
+  multiprocessing's exit handler over the ``_children`` it inherited, which listed our workers:
+  it SIGTERMed the parent's live workers. The child now inherits none of our workers there, and
+  everything else in it (another library's processes, the parent's own bookkeeping) is as it was.
 
 Scenarios that fork or die on purpose run in a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -150,3 +157,59 @@ def test_workers_started_from_a_thread_exit_when_the_main_process_dies(method: s
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
+
+
+# -- defect B: a child forked from the trainer exits ----------------------------------------------
+
+FORK_CHILD_SCRIPT = textwrap.dedent("""
+    import json, multiprocessing, os, sys, time
+    sys.path.insert(0, {tests!r})
+    from test_worker_threads_fork import Full
+    from shmloader import DataLoader
+
+    def idle():
+        time.sleep(3600)
+
+    if __name__ == "__main__":
+        other = multiprocessing.get_context("fork").Process(target=idle, daemon=True)  # not ours
+        other.start()
+        loader = DataLoader(Full(), batch_size=2, num_workers=2, multiprocessing_context={method!r})
+        it = iter(loader)
+        got = [int(next(it)[0, 0])]
+        ours = [p for p in multiprocessing.active_children() if p is not other]
+        pid = os.fork()
+        if pid == 0:  # a library's child: it exits normally, so atexit handlers run
+            kids = multiprocessing.process._children
+            print("CHILD", json.dumps({{"kept_other": other in kids, "ours": sum(p in kids for p in ours)}}),
+                  flush=True)
+            kids.discard(other)  # its owner's business, not ours: keep its SIGTERM out of this test
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        tracked = sum(p in multiprocessing.process._children for p in ours)
+        try:
+            got += [int(b[0, 0]) for b in it]
+        except Exception as e:
+            got = type(e).__name__ + ": " + str(e).splitlines()[0]
+        loader.close()
+        other.kill()
+        other.join()
+        print("PARENT", json.dumps({{"got": got, "child_status": status, "tracked": tracked}}), flush=True)
+""")
+
+
+def _reports(stdout: str) -> dict[str, Any]:
+    return {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in stdout.splitlines()
+            if line.startswith(("CHILD ", "PARENT "))}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_forked_child_that_exits_leaves_the_parent_workers_alone(method: str) -> None:
+    code = FORK_CHILD_SCRIPT.format(tests=TESTS_DIR, method=method)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=80)
+    reports = _reports(out.stdout)
+    assert reports.get("PARENT", {}).get("got") == FIRSTS, (out.stdout, out.stderr[-3000:])
+    assert reports["PARENT"]["child_status"] == 0, out.stderr[-3000:]  # no failed join in the child
+    assert reports["PARENT"]["tracked"] == 2  # the parent still tracks both its workers
+    assert reports["CHILD"] == {"kept_other": True, "ours": 0}  # only our workers left the child's list
+    assert "can only join a child process" not in out.stderr, out.stderr[-3000:]
