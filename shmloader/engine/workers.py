@@ -12,6 +12,13 @@ A pool that fails part-way through ``start_all`` (EMFILE, a fork refused at the 
 is torn down by the same ``shutdown`` as a whole one: each worker joins ``workers`` the moment it
 has started, and the worker whose start failed is reaped (if it got as far as existing) and its
 pipes closed before the error leaves ``_start`` (issue 15).
+
+Any thread may start a worker (``iter(loader)``, ``next()`` and so ``replace``, in a thread of the
+user's). A worker outlives the thread that started it; it dies with the main process: at once
+(``PR_SET_PDEATHSIG``) when started from the main thread or by the fork server, otherwise through
+its own poll of the main process (``worker.main._watch_parent``). A process forked from this one
+by other code does not inherit our workers as its children (``_disown_inherited``), so its exit
+leaves them alone.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import pickle
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing import process as mp_process
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -38,6 +47,14 @@ _KILL_TIMEOUT_S = 1.0
 # survives the fork (the child's one thread is the one that forked), so the child tells by its own
 # ident whether it is one of ours, whatever the other threads start or fork meanwhile.
 _forking_workers: set[int] = set()
+# Every worker process this process started and has not reaped: multiprocessing lists them as its
+# children, and a process forked from this one must not take them for its own (_disown_inherited).
+_live_workers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    _freeze_inherited()
+    _disown_inherited()
 
 
 def _freeze_inherited() -> None:
@@ -49,8 +66,25 @@ def _freeze_inherited() -> None:
         gc.freeze()
 
 
+def _disown_inherited() -> None:
+    """In any process just forked: drop the parent's workers from multiprocessing's list of this
+    process's children (``multiprocessing.process._children``, inherited whole).
+
+    A child forked by other code (``os.fork()`` in a library) that exits normally runs
+    ``multiprocessing.util._exit_function``, which SIGTERMs every daemonic child on that list — our
+    parent's live workers — and then fails to join them ("can only join a child process"). Only
+    our workers leave the list, and only this process's copy of it: the parent's bookkeeping and
+    other code's processes are untouched. In a process that multiprocessing starts (one of our
+    workers included), ``Process._bootstrap`` empties the list afterwards anyway.
+    """
+    children = getattr(mp_process, "_children", None)
+    if isinstance(children, set):  # a private name of CPython's: if it ever changes, do nothing
+        children.difference_update(_live_workers)
+    _live_workers.clear()  # this process started none of them
+
+
 if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to inherit
-    os.register_at_fork(after_in_child=_freeze_inherited)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(eq=False)
@@ -141,7 +175,9 @@ class WorkerPool:
     def __init__(self, ctx: BaseContext, spec: worker_main.WorkerSpec, num_workers: int) -> None:
         self.ctx = ctx
         self.num_workers = num_workers
-        self._fork = ctx.get_start_method() == "fork"
+        method = ctx.get_start_method()
+        self._fork = method == "fork"
+        self._forkserver = method == "forkserver"
         if self._fork:
             self._payload: Any = spec
         else:
@@ -169,11 +205,12 @@ class WorkerPool:
         try:
             process = self.ctx.Process(  # type: ignore[attr-defined]
                 target=worker_main.run,
-                args=(self._payload, worker_id, task_r, res_w, os.getpid()),
+                args=(self._payload, worker_id, task_r, res_w, os.getpid(), self._death_signal_safe()),
                 name=f"shmloader-worker-{worker_id}",
                 daemon=True,
             )
             handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog)
+            _live_workers.add(process)
             self._launch(process)
         except BaseException:
             _close(task_r, res_w)
@@ -185,6 +222,14 @@ class WorkerPool:
         _close(task_r, res_w)
         logger.info("worker %d started (pid %s)", worker_id, handle.pid)
         return handle
+
+    def _death_signal_safe(self) -> bool:
+        """Whether the worker about to start may die with the thread that forks it (the kernel ties
+        ``PR_SET_PDEATHSIG`` to that thread, not to its process): the fork server's main thread, or
+        this one when it is the thread-group leader (the main thread, which lasts as long as the
+        process: CPython's main thread never ends before its process). Asked in the thread that
+        calls ``_start``, so a restart from another thread is judged on its own."""
+        return self._forkserver or threading.get_native_id() == os.getpid()
 
     def _launch(self, process: Any) -> None:
         """``process.start()``; under fork the child freezes what it inherited, at the fork itself.
@@ -259,6 +304,7 @@ def _reap(w: WorkerHandle) -> None:
         p.join()
     w.unsent.clear()  # nobody will read it now
     w.backlog.discard(w)
+    _live_workers.discard(p)
     _close(w.tasks, w.results)
 
 

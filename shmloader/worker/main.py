@@ -10,8 +10,11 @@ samples). Promises:
   again nor advances an iterable dataset, and with the built-in collate it is collated once,
   straight into the larger slot (``too_small``);
 - it never registers a segment with the resource tracker and never unlinks one;
-- it exits when told (``None``), when its task pipe closes, and within ``PARENT_CHECK_S`` of the
-  main process dying (on Linux at once, through ``PR_SET_PDEATHSIG``); it never blocks forever.
+- it exits when told (``None``), when its task pipe closes, and when the main process dies: at
+  once on Linux when the thread that forked it lasts as long as its process (``PR_SET_PDEATHSIG``:
+  started from the main process's main thread, or by the fork server), otherwise when its poll
+  notices, within ``PARENT_CHECK_S`` of waiting for a task (``_watch_parent``); it never blocks
+  forever.
 """
 
 from __future__ import annotations
@@ -75,9 +78,13 @@ class WorkerSpec:
 
 
 def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, results: Connection,
-        parent_pid: int) -> None:
-    """Process entry point (``multiprocessing.Process(target=run, ...)``)."""
-    _watch_parent(parent_pid)
+        parent_pid: int, death_signal: bool) -> None:
+    """Process entry point (``multiprocessing.Process(target=run, ...)``).
+
+    ``death_signal``: the thread that forked this process lasts as long as its process, so the
+    kernel may kill this worker when that thread ends (``_watch_parent``).
+    """
+    _watch_parent(parent_pid, death_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         worker = _Worker(_load_spec(spec_or_blob), worker_id, results)
@@ -120,12 +127,17 @@ def _load_spec(spec_or_blob: WorkerSpec | bytes) -> WorkerSpec:
     return spec_or_blob
 
 
-def _watch_parent(main_pid: int) -> None:
-    """Ask Linux to SIGKILL us when our parent dies; the poll loop also watches the main process.
+def _watch_parent(main_pid: int, death_signal: bool) -> None:
+    """Exit now if the main process is gone; with ``death_signal``, ask Linux to SIGKILL us the
+    moment our parent dies. The poll in ``_Worker.loop`` watches the main process in every case.
 
-    Under forkserver our parent is the fork server, which exits when the main process dies.
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked us ends, not its process (prctl(2)):
+    asked for by a worker started from any other thread, it killed the worker as soon as that
+    thread ended (an epoch run in a thread, then the next in the main one). So the caller asks
+    for it only where that thread lasts as long as its process: the main thread, or the fork
+    server's, which exits when the main process dies.
     """
-    if sys.platform.startswith("linux"):
+    if death_signal and sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
