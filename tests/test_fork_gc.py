@@ -192,3 +192,52 @@ def test_the_freeze_belongs_to_the_thread_that_starts_the_worker() -> None:
     assert result["finalized_in"] == [result["parent"]], (
         f"the parent's garbage was finalized in {result['finalized_in']} (parent {result['parent']})")
     assert not result["plain_child_froze"]
+
+
+COLLECT_FIRST = textwrap.dedent("""
+    import gc, glob, os
+
+
+    def allocate_in_child():  # as threading's own at-fork hook, registered before ours, does
+        gc.set_threshold(1, 1, 1)  # every allocation now starts a full collection, if one may run
+        return [[] for _ in range(100)]
+
+
+    os.register_at_fork(after_in_child=allocate_in_child)
+    import numpy as np
+    import shmloader
+
+
+    def make_garbage():
+        loader = shmloader.DataLoader([np.full(2, i) for i in range(8)], batch_size=2, num_workers=1)
+        it = iter(loader)
+        next(it)
+        cycle = [loader, it]
+        cycle.append(cycle)  # unreachable after return: only the cyclic collector frees it
+
+
+    gc.set_threshold(10**6, 10**6, 10**6)  # the parent keeps its garbage until it collects it itself
+    make_garbage()
+    mine = lambda: set(glob.glob(f"/dev/shm/shml_{os.getpid()}_*"))
+    before = mine()
+    loader = shmloader.DataLoader([np.full(2, i) for i in range(8)], batch_size=2, num_workers=1)
+    batches = [int(b[0, 0]) for b in loader]  # forks a worker, which collects before our hooks run
+    print(json.dumps({"unlinked": len(before - mine()), "before": len(before), "batches": batches}))
+    loader.close()
+    gc.collect()
+""").replace("import gc, glob, os", "import gc, glob, json, os")
+
+
+@pytest.mark.timeout(120)
+def test_a_collection_at_the_fork_before_our_hooks_finalizes_nothing_of_the_parent() -> None:
+    """threading registers its at-fork hook before any of ours, and an allocation there (or in any
+    hook registered before ours) may run the collector in the child while the cached pid is still
+    the parent's and nothing is frozen yet: the parent's garbage iterator was closed in the worker,
+    unlinking the parent's live segments. The collector is held from before the fork until our
+    hooks have run."""
+    out = subprocess.run([sys.executable, "-c", COLLECT_FIRST], capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] > 0 and got["batches"] == [0, 2, 4, 6]
+    assert got["unlinked"] == 0, got
+    assert "KeyError" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -38,6 +38,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from shmloader.log import logger
+from shmloader.owner import at_fork_in_child
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
 
@@ -83,8 +84,7 @@ def _disown_inherited() -> None:
     _live_workers.clear()  # this process started none of them
 
 
-if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to inherit
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)  # with the collector held: nothing can run before the freeze
 
 
 @dataclass(eq=False)
@@ -234,8 +234,9 @@ class WorkerPool:
     def _launch(self, process: Any) -> None:
         """``process.start()``; under fork the child freezes what it inherited, at the fork itself.
 
-        ``os.register_at_fork`` runs ``_freeze_inherited`` in the child inside ``os.fork()``, before
-        any of the child's Python code, so no collection can come first. ``gc.freeze()`` splices
+        ``owner.at_fork_in_child`` runs ``_freeze_inherited`` in the child inside ``os.fork()``, before
+        any of the child's Python code and with the collector held since before the fork (an
+        at-fork hook registered before ours may allocate), so no collection can come first. ``gc.freeze()`` splices
         every generation onto the permanent one, which the collector never scans: the child never
         finalizes the parent's cyclic garbage (batches, leases, rings, pin state). It used to be a
         freeze/unfreeze pair around ``start()`` in the parent, skipped where objects were frozen
