@@ -64,11 +64,25 @@ def _records_explicit(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError as exc:  # in Python's own words, which name the function, as torch's do
+            raise TypeError(f"{type(self).__name__}.__init__() {_bind_error(signature, exc, len(args) + 1)}") from None
         object.__setattr__(self, "_explicit", {k: v for k, v in bound.arguments.items() if k != "self"})
         init(self, *args, **kwargs)
 
     return wrapper
+
+
+def _bind_error(signature: inspect.Signature, exc: TypeError, given: int) -> str:
+    """``Signature.bind``'s complaint as the interpreter words it for a call."""
+    if "too many positional arguments" not in str(exc):
+        return str(exc)
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(1 for p in positional if p.default is p.empty)
+    takes = f"{required}" if required == len(positional) else f"from {required} to {len(positional)}"
+    return f"takes {takes} positional arguments but {given} were given"
 
 
 class DataLoader(Generic[T_co]):
@@ -124,7 +138,7 @@ class DataLoader(Generic[T_co]):
         apply_log_level(cfg.log_level)
         num_workers, timeout, prefetch_factor = cfg.num_workers, cfg.timeout, cfg.prefetch_factor
         persistent_workers = cfg.persistent_workers
-        checks.check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
+        num_workers = checks.check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         self._config = cfg

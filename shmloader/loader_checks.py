@@ -8,15 +8,21 @@ the main process. Promises: every bad argument raises torch's exception type wit
 from __future__ import annotations
 
 import multiprocessing
+import operator
 import os
 import warnings
 from multiprocessing.context import BaseContext
 from typing import Any
 
 
-def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}")
+def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
+    """Check the counts as torch does; returns ``num_workers`` as a plain int. Like torch, any
+    integer-like value is taken (``np.int64(2)`` from a config array, ``True``); what no
+    ``operator.index`` takes is refused by name rather than by a failure deep inside."""
+    try:
+        num_workers = operator.index(num_workers)
+    except TypeError:
+        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
     if num_workers < 0:
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
     if timeout < 0:
@@ -28,6 +34,7 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
         raise ValueError("prefetch_factor option should be non-negative")
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
+    return num_workers
 
 
 def check_sampling(is_iterable: bool, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,

@@ -10,6 +10,7 @@ import pytest
 from engine_datasets import Range, Squares
 
 import shmloader
+import shmloader.torch
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
@@ -58,6 +59,55 @@ def test_iterable_dataset_restrictions_match_torch(kwargs):
 def test_non_integer_num_workers_names_the_argument():
     with pytest.raises(TypeError, match=r"num_workers=.*'two'"):
         shmloader.DataLoader(Squares(4), num_workers="two")
+    with pytest.raises(TypeError, match=r"num_workers=2\.0"):
+        shmloader.DataLoader(Squares(4), num_workers=2.0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [np.int64(1), np.int32(0), True, torch.tensor(1)])
+def test_integer_like_num_workers_is_taken_as_torch_takes_it(num_workers):
+    """torch checks only ``num_workers < 0``: a numpy integer from a config array works there."""
+    want = [b.tolist() for b in TorchDataLoader([0, 1, 2, 3], batch_size=2, num_workers=num_workers)]
+    loader = shmloader.torch.DataLoader([0, 1, 2, 3], batch_size=2, num_workers=num_workers)
+    try:
+        assert [b.tolist() for b in loader] == want and loader.num_workers == int(num_workers)
+    finally:
+        loader.close()
+
+
+def test_a_bad_call_names_the_function_as_torchs_does():
+    for args, kwargs in (((), {"foo": 1}), ((2, False, None, None, 0, None, False, False, 0, None, None, None, 2), {})):
+        with pytest.raises(TypeError) as ours:
+            shmloader.torch.DataLoader([1, 2, 3], *args, **kwargs)
+        with pytest.raises(TypeError) as theirs:
+            TorchDataLoader([1, 2, 3], *args, **kwargs)
+        assert str(ours.value) == str(theirs.value)
+
+
+class StopsAt2:
+    """A map-style dataset whose ``__getitem__`` raises StopIteration at index 2 (a stray ``next()``)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            raise StopIteration
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stopiteration_from_a_map_dataset_ends_the_epoch_as_in_torch(num_workers):
+    """torch re-raises it in the main process, where it ends the loop: no batch after it comes,
+    and none is silently skipped (a worker used to take it for an iterable dataset's end)."""
+    want = [b.tolist() for b in TorchDataLoader(StopsAt2(), batch_size=1, num_workers=num_workers)]
+    assert want == [[0], [1]]
+    loader = shmloader.torch.DataLoader(StopsAt2(), batch_size=1, num_workers=num_workers)
+    try:
+        assert [b.tolist() for b in loader] == want
+    finally:
+        loader.close()
 
 
 @pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset",

@@ -268,7 +268,11 @@ class _Worker:
             t1 = time.perf_counter()
             return self.fill(task, data, batch, t1 - t0, needed)
         except StopIteration:
-            return Exhausted(task.epoch, task.task)
+            if self.spec.iterable:  # the worker's share of an iterable dataset has ended
+                return Exhausted(task.epoch, task.task)
+            # a map-style dataset (or a collate_fn) raised it: raised again in the main process,
+            # where it ends the epoch as it does in torch, never a batch silently skipped
+            return _failure(task.epoch, task.task, sys.exc_info())
         except Exception:
             return _failure(task.epoch, task.task, sys.exc_info())
 
