@@ -130,3 +130,56 @@ def test_codec_rejects_a_flat_record_outside_the_slot(ring):
             codec.decode(payload, buf, slot.size_bytes)
     del buf
     gc.collect()
+
+
+def test_codec_an_array_held_twice_is_copied_once_and_rebuilt_as_one_object(ring):
+    """``{"input": x, "target": x}`` (an autoencoder's collate_fn): pickle's memo gives torch's loader
+    one object; the descriptor names the first record again instead of copying the array twice."""
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    x = np.arange(6, dtype=np.float32)  # on the heap: copied into the slot once
+    batch = {"input": x, "target": x, "both": [x, x[::-1]]}
+    payload, nbytes = codec.encode(batch, alloc)
+    assert nbytes == 2 * x.nbytes and codec.measure(batch) <= 64 + 2 * x.nbytes
+    got, views = codec.decode(payload, leased(ring, slot), slot.size_bytes)
+    assert views == 2 and got["input"] is got["target"] is got["both"][0]
+    got["input"][0] = 100.0  # one object: a change shows through every name, as in torch
+    assert got["target"][0] == 100.0 and got["both"][1][-1] == 0.0  # x[::-1] was its own copy
+    del got, alloc
+    gc.collect()
+
+
+def test_codec_refuses_a_repeat_of_a_record_it_has_not_seen(ring):
+    import io
+    import pickle
+
+    slot = ring.grow(4096, OWNER)
+
+    class Forger(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("=", 3) if isinstance(obj, np.ndarray) else None
+
+    buf = io.BytesIO()
+    Forger(buf, protocol=5).dump([np.zeros(1)])
+    with pytest.raises(DescriptorError, match="names no earlier array"):
+        codec.decode(buf.getvalue(), leased(ring, slot), slot.size_bytes)
+    gc.collect()
+
+
+@pytest.mark.timeout(60)
+def test_a_tensor_held_twice_by_a_collate_fn_arrives_as_one_tensor():
+    torch = pytest.importorskip("torch")
+    import shmloader.torch
+
+    def same_twice(batch):
+        x = torch.tensor(batch, dtype=torch.float32)
+        return {"input": x, "target": x}
+
+    loader = shmloader.torch.DataLoader([0.0, 1.0, 2.0, 3.0], batch_size=2, num_workers=1, collate_fn=same_twice)
+    try:
+        b = next(iter(loader))
+        assert b["input"] is b["target"]
+        b["input"].add_(10)
+        assert b["target"].tolist() == [10.0, 11.0]
+    finally:
+        loader.close()

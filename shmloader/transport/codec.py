@@ -58,13 +58,20 @@ class _Encoder(pickle.Pickler):
         self.alloc = alloc
         self.tensor_type = _torch_tensor_type()
         self.nbytes = 0
+        self._records: dict[int, int] = {}  # id of an array or tensor described -> its record's number
 
     def persistent_id(self, obj: Any) -> Any:
+        number = self._records.get(id(obj))
+        if number is not None:  # the same object again (``{"input": x, "target": x}``): one copy, one
+            return ("=", number)  # object in the main process, as pickle's memo gives torch's loader
+        record: tuple | None = None
         if type(obj) is np.ndarray:
-            return None if obj.dtype.hasobject else self._array(obj)
-        if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
-            return self._tensor(obj)
-        return None
+            record = None if obj.dtype.hasobject else self._array(obj)
+        elif self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
+            record = self._tensor(obj)
+        if record is not None:  # the batch keeps obj alive through the dump: its id is not reused
+            self._records[id(obj)] = len(self._records)
+        return record
 
     def _array(self, arr: np.ndarray) -> tuple:
         self.nbytes += arr.nbytes
@@ -144,12 +151,17 @@ class _Measurer(pickle.Pickler):
         super().__init__(file, protocol=PROTOCOL)
         self.tensor_type = _torch_tensor_type()
         self.total = 0
+        self._seen: set[int] = set()  # an object the batch holds twice is copied once (``_Encoder``)
 
     def persistent_id(self, obj: Any) -> Any:
+        if id(obj) in self._seen:
+            return 0
         if type(obj) is np.ndarray and not obj.dtype.hasobject:
+            self._seen.add(id(obj))
             self.total = align_up(self.total) + obj.nbytes
             return 0
         if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
+            self._seen.add(id(obj))
             self.total = align_up(self.total) + obj.numel() * obj.element_size()
             return 0
         return None
@@ -168,21 +180,33 @@ class _Decoder(pickle.Unpickler):
         self.buf = buf
         self.size_bytes = size_bytes
         self.views = 0
+        self._made: list[Any] = []  # the arrays and tensors made so far, in record order
 
     def persistent_load(self, record: Any) -> Any:
         kind = record[0] if isinstance(record, tuple) and record else None
+        if kind == "=":
+            return self._again(record)
         if kind == "a":
             _, offset, dtype, shape, strides = record
             self._check(offset, *_extent(shape, strides, np.dtype(dtype).itemsize))
-            self.views += 1
-            return np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=offset, strides=strides)
-        if kind == "t":
+            made: Any = np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=offset, strides=strides)
+        elif kind == "t":
             _, offset, nbytes, dtype_name, shape = record
             self._check(offset, 0, nbytes)
-            self.views += 1
             u8: np.ndarray = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
-            return _torch_view(u8, _torch_dtype(dtype_name), tuple(shape))
-        raise DescriptorError(f"unknown record in descriptor: {record!r}")
+            made = _torch_view(u8, _torch_dtype(dtype_name), tuple(shape))
+        else:
+            raise DescriptorError(f"unknown record in descriptor: {record!r}")
+        self.views += 1
+        self._made.append(made)
+        return made
+
+    def _again(self, record: tuple) -> Any:
+        """An object described earlier in the same descriptor (``("=", its record's number)``)."""
+        number = record[1] if len(record) == 2 else None
+        if type(number) is not int or not 0 <= number < len(self._made):
+            raise DescriptorError(f"descriptor record {record!r} names no earlier array; nothing was viewed")
+        return self._made[number]
 
     def _check(self, offset: int, lo: int, hi: int) -> None:
         if offset + lo < 0 or offset + hi > self.size_bytes:
