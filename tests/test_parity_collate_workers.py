@@ -1,0 +1,118 @@
+"""torch parity of collation where torch's own depends on the process: ``shmloader.torch.DataLoader``
+yields what torch's ``DataLoader`` yields with ``num_workers=0`` and with worker processes, for
+samples of mixed dtypes (a worker stacks into the first sample's dtype, the main process promotes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from parity_helpers import assert_same_error, assert_same_structure
+
+from shmloader.collate import torch_default_collate
+
+torch = pytest.importorskip("torch")
+from torch.utils import data as tdata  # noqa: E402
+from torch.utils.data._utils import worker as torch_worker  # noqa: E402
+
+import shmloader.torch as st  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+class ListDataset(tdata.Dataset):
+    """The samples given, as a map-style dataset."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.samples[i]
+
+
+def outcome(loader_cls: type, dataset: Any, **kwargs: Any) -> Any:
+    """Every batch the loader yields, or the type of the error it raises (the loader then closed)."""
+    loader = loader_cls(dataset, **kwargs)
+    try:
+        return list(loader)
+    except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
+        return type(error)
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+def assert_same_outcome(dataset: Any, **kwargs: Any) -> Any:
+    """Assert torch's loader and ours yield the same batches (or raise the same type); return them."""
+    theirs = outcome(tdata.DataLoader, dataset, **kwargs)
+    ours = outcome(st.DataLoader, dataset, **kwargs)
+    if isinstance(theirs, type):
+        assert ours is theirs
+    else:
+        assert_same_structure(ours, theirs, path="batches")
+    return theirs
+
+
+# ----------------------------------------------------------------------------- mixed dtypes
+
+
+def _tensor(dtype: str) -> Any:
+    return torch.ones(2, dtype=getattr(torch, dtype))
+
+
+MIXED: dict[str, Callable[[], list[Any]]] = {
+    "float32_then_float64": lambda: [_tensor("float32"), _tensor("float64")],
+    "uint8_then_int8": lambda: [_tensor("uint8"), _tensor("int8")],
+    "bfloat16_then_float32": lambda: [_tensor("bfloat16"), _tensor("float32")],
+    "float32_then_float64_arrays": lambda: [np.ones(2, np.float32), np.ones(2, np.float64)],
+}
+MIXED_ERRORS: dict[str, Callable[[], list[Any]]] = {
+    "int64_then_float32": lambda: [_tensor("int64"), _tensor("float32")],
+    "bool_then_int64": lambda: [_tensor("bool"), _tensor("int64")],
+    "float32_then_complex64": lambda: [_tensor("float32"), _tensor("complex64")],
+    "int64_then_float32_arrays": lambda: [np.ones(2, np.int64), np.ones(2, np.float32)],
+}
+
+
+@pytest.fixture
+def in_a_torch_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process looks like a worker to torch's ``get_worker_info()``, as in a real worker."""
+    info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=ListDataset([]))
+    monkeypatch.setattr(torch_worker, "_worker_info", info)
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_mixed_dtypes_in_a_worker_keep_the_first_samples_dtype(name: str, in_a_torch_worker: None) -> None:
+    batch = MIXED[name]()
+    expected = tdata.default_collate(batch)
+    assert expected.dtype == torch.as_tensor(batch[0]).dtype
+    assert_same_structure(torch_default_collate(batch), expected)
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_ERRORS))
+def test_mixed_dtypes_in_a_worker_that_do_not_cast_raise_torchs_error(name: str, in_a_torch_worker: None) -> None:
+    batch = MIXED_ERRORS[name]()
+    assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+
+
+@pytest.mark.parametrize("name", sorted(MIXED) + sorted(MIXED_ERRORS))
+def test_mixed_dtypes_outside_workers_promote(name: str) -> None:
+    batch = {**MIXED, **MIXED_ERRORS}[name]()
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", ["float32_then_float64", "uint8_then_int8", "float32_then_float64_arrays",
+                                  "int64_then_float32"])
+def test_loader_collates_mixed_dtypes_as_torchs_does(name: str, num_workers: int) -> None:
+    samples = {**MIXED, **MIXED_ERRORS}[name]() * 2
+    batches = assert_same_outcome(ListDataset(samples), batch_size=2, num_workers=num_workers)
+    promoted = torch.promote_types(torch.as_tensor(samples[0]).dtype, torch.as_tensor(samples[1]).dtype)
+    if num_workers == 0:  # torch.stack promotes; in a worker torch stacks into the first dtype
+        assert [b.dtype for b in batches] == [promoted, promoted]
