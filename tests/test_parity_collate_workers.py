@@ -1,6 +1,7 @@
 """torch parity of collation where torch's own depends on the process: ``shmloader.torch.DataLoader``
 yields what torch's ``DataLoader`` yields with ``num_workers=0`` and with worker processes, for
-samples of mixed dtypes (a worker stacks into the first sample's dtype, the main process promotes)."""
+samples of mixed dtypes (a worker stacks into the first sample's dtype, the main process promotes),
+and nested and quantized tensors, which a worker hands back pickled by value."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ torch = pytest.importorskip("torch")
 from torch.utils import data as tdata  # noqa: E402
 from torch.utils.data._utils import worker as torch_worker  # noqa: E402
 
+import shmloader  # noqa: E402
 import shmloader.torch as st  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -35,11 +37,12 @@ class ListDataset(tdata.Dataset):
         return self.samples[i]
 
 
-def outcome(loader_cls: type, dataset: Any, **kwargs: Any) -> Any:
-    """Every batch the loader yields, or the type of the error it raises (the loader then closed)."""
+def outcome(loader_cls: type, dataset: Any, each: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+    """Every batch the loader yields (``each(batch)`` if given, taken while iterating), or the type
+    of the error it raises; the loader is then closed."""
     loader = loader_cls(dataset, **kwargs)
     try:
-        return list(loader)
+        return [batch if each is None else each(batch) for batch in loader]
     except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
         return type(error)
     finally:
@@ -116,3 +119,61 @@ def test_loader_collates_mixed_dtypes_as_torchs_does(name: str, num_workers: int
     promoted = torch.promote_types(torch.as_tensor(samples[0]).dtype, torch.as_tensor(samples[1]).dtype)
     if num_workers == 0:  # torch.stack promotes; in a worker torch stacks into the first dtype
         assert [b.dtype for b in batches] == [promoted, promoted]
+
+
+# ------------------------------------------------- nested and quantized tensors (pickled inline)
+
+
+class Sequences(tdata.Dataset):
+    """Sample i: ``arange(i + 1)``, so no two samples of a batch have one shape."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.arange(i + 1, dtype=torch.float32)
+
+
+def nest(batch: list[Any]) -> Any:
+    """The collate_fn torch's error for nested samples asks for: one nested tensor per batch."""
+    return torch.nested.nested_tensor(list(batch))
+
+
+class Quantized(tdata.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.quantize_per_tensor(torch.full((3,), float(i)), 0.5, 0, torch.quint8)
+
+
+def _unbound(batch: Any) -> Any:
+    return [t.tolist() for t in batch.unbind()]
+
+
+def _dequantized(batch: Any) -> Any:
+    return batch.is_quantized, batch.q_scale(), batch.dequantize().tolist()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:.*nested tensors:UserWarning")
+@pytest.mark.parametrize("loader_cls", [st.DataLoader, shmloader.DataLoader], ids=["torch", "numpy"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_nested_tensor_from_a_collate_fn(loader_cls: type, num_workers: int) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": num_workers, "collate_fn": nest, "each": _unbound}
+    expected = outcome(tdata.DataLoader, Sequences(), **kwargs)
+    assert expected == [[[0.0], [0.0, 1.0]], [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0]]]
+    assert outcome(loader_cls, Sequences(), **kwargs) == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized tensors and their unpickling: deprecated
+@pytest.mark.parametrize("loader_cls", [st.DataLoader, shmloader.DataLoader], ids=["torch", "numpy"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_quantized_tensor_samples_without_batching(loader_cls: type, num_workers: int) -> None:
+    # compared with torch's num_workers=0 only: torch 2.13's workers hand back quantized tensors
+    # that have lost their quantizer ("cannot call dequantize on UnknownQuantizer")
+    expected = outcome(tdata.DataLoader, Quantized(), batch_size=None, each=_dequantized)
+    assert expected == [(True, 0.5, [0.0] * 3), (True, 0.5, [1.0] * 3)]
+    got = outcome(loader_cls, Quantized(), batch_size=None, num_workers=num_workers, each=_dequantized)
+    assert got == expected
