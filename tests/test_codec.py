@@ -183,3 +183,27 @@ def test_a_tensor_held_twice_by_a_collate_fn_arrives_as_one_tensor():
         assert b["target"].tolist() == [10.0, 11.0]
     finally:
         loader.close()
+
+
+def _nested_and_quantized() -> dict:
+    torch = pytest.importorskip("torch")
+    nested = torch.nested.nested_tensor([torch.arange(1.0), torch.arange(2.0)])
+    quantized = torch.quantize_per_tensor(torch.full((3,), 2.0), 0.5, 0, torch.quint8)
+    return {"nested": nested, "quantized": quantized, "plain": torch.ones(2)}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested: "prototype stage"; quantized: deprecated
+def test_codec_inlines_nested_and_quantized_tensors(ring):
+    # strided layout and type Tensor, yet no plain memory to copy into the slot: pickled by value
+    batch = _nested_and_quantized()
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    payload, nbytes = codec.encode(batch, alloc)
+    assert codec.measure(batch) >= nbytes  # the nested tensor's pickle holds its buffer, a plain tensor
+    del alloc
+    got, _ = codec.decode(payload, leased(ring, slot), slot.size_bytes)
+    assert got["plain"].tolist() == [1.0, 1.0]
+    assert got["nested"].is_nested and [t.tolist() for t in got["nested"].unbind()] == [[0.0], [0.0, 1.0]]
+    assert got["quantized"].is_quantized and got["quantized"].dequantize().tolist() == [2.0] * 3
+    del got
+    gc.collect()

@@ -17,7 +17,10 @@ Promises:
   tuples of types): first in the ``rules`` passed in, then in the registry
   (:func:`register_collate_rule`), then in the built-in rules, which follow torch's order;
   lookups are cached (a ``rules`` mapping is read once per sample type while the same mapping
-  object is passed, so pass a new mapping rather than changing one in place);
+  object is passed, so pass a new mapping rather than changing one in place); in torch mode a
+  type the user added to torch's ``default_collate_fn_map`` (or whose function they replaced)
+  comes before all of these, collated by that function as torch's ``collate`` dispatches it,
+  the map read at each call (:mod:`shmloader.collate.torch_map`);
 - each stack of numpy arrays is written by the ``stack`` passed in: one thread by default (workers),
   split over the threads of :mod:`shmloader.collate.threads` when large and ``num_workers=0``;
 - errors name the field (``batch['image'][0]``) and keep torch's type and wording;
@@ -38,11 +41,13 @@ from typing import Any
 import numpy as np
 
 from shmloader.collate import rules as _rules
+from shmloader.collate import torch_map as _torch_map
 from shmloader.collate import torch_rules as _torch_rules
 from shmloader.collate.context import (
     Alloc,
     CollateContext,
     CollateRule,
+    FindRule,
     SlotFull,
     Stack,
     heap_alloc,
@@ -200,10 +205,14 @@ def collate(
     ``stack(batch, out)`` writes each stack of numpy arrays: ``rules.stack_into`` (one thread) when
     None; with ``num_workers=0`` the loader passes a ``collate.threads.ThreadedStack``.
     """
+    find: FindRule = find_rule
     if to_torch:
         _torch_rules._torch()  # torch mode makes tensors; imported only now, not with shmloader
-    ctx = CollateContext(alloc, to_torch, rules, find_rule, stack or _rules.stack_into)
-    return find_rule(type(batch[0]), rules, to_torch)(batch, ctx)
+        torch_map = _torch_map.overrides()
+        if torch_map is not None:  # the user extended torch's default_collate_fn_map
+            find = torch_map.finder(find_rule)
+    ctx = CollateContext(alloc, to_torch, rules, find, stack or _rules.stack_into)
+    return find(type(batch[0]), rules, to_torch)(batch, ctx)
 
 
 def default_collate(batch: Sequence[Any]) -> Any:

@@ -11,7 +11,8 @@ batch's time).
 Promises: the answer is either None (unknown) or at least what collate asks for with the same
 samples, mode and rules. It is None for anything it does not model exactly — a rule given in
 ``rules``, registered, or from a plugin (found first, as collate finds it), mixed sample types
-or dtypes, tensors that stay off the slot, values collate would reject — so the caller falls
+or dtypes, tensors that stay off the slot, values collate would reject, anything while torch's
+``default_collate_fn_map`` holds the user's entries (torch mode) — so the caller falls
 back to collating on the heap and measuring. It never raises and never changes a sample.
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from shmloader.collate import find_rule
 from shmloader.collate import rules as _rules
+from shmloader.collate import torch_map as _torch_map
 from shmloader.collate import torch_rules as _torch_rules
 from shmloader.collate.context import CollateRule
 
@@ -43,6 +45,8 @@ def _aligned(nbytes: int) -> int:
 def needed_bytes(batch: Sequence[Any], *, to_torch: bool = False,
                  rules: Mapping[Any, CollateRule] | None = None) -> int | None:
     """An upper bound of the bytes ``collate(batch, alloc, to_torch=..., rules=...)`` allocates, or None."""
+    if to_torch and _torch_map.overrides() is not None:
+        return None  # types in torch's default_collate_fn_map may be collated by the user's function
     try:
         return _size(batch, rules, to_torch)
     except Exception:  # a sample that does not behave as its type promises: unknown

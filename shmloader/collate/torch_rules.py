@@ -11,7 +11,9 @@ Promises:
 - a result tensor's memory comes from the allocator: ``torch.from_numpy(alloc(shape, dtype))``,
   or for dtypes numpy lacks (bfloat16, float8, complex32, ...) ``alloc((nbytes,), uint8)`` viewed
   as that dtype and shape;
-- values, dtypes and shapes equal torch's default_collate. The fast paths cover the common cases
+- values, dtypes and shapes equal torch's default_collate, in the same process: in a worker
+  torch stacks tensors (and arrays) of mixed dtypes into the first sample's dtype, elsewhere it
+  promotes (``_stacked_dtype``). The fast paths cover the common cases
   (one dtype, plain Python numbers); anything else replays torch's own conversion
   (``torch.as_tensor`` / ``torch.tensor``) so dtype inference and errors are torch's, then copies
   the result into the allocator;
@@ -146,9 +148,22 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
         dtype = elem.dtype
     else:
         _check_tensors(batch, torch)  # a numpy dtype among them: an array, not a tensor
-        dtype = functools.reduce(torch.promote_types, dtypes)
+        dtype = _stacked_dtype(elem, dtypes, ctx, torch)
     out = tensor_from_alloc(ctx.alloc, (len(batch), *elem.shape), dtype)
     return torch.stack(batch, 0, out=out)
+
+
+def _stacked_dtype(elem: Any, dtypes: set[Any], ctx: CollateContext, torch: Any) -> Any:
+    """The dtype of a batch of tensors of several dtypes, as torch's ``collate_tensor_fn`` gives it.
+
+    In torch mode inside a worker — as torch decides it, ``torch.utils.data.get_worker_info()`` is
+    not None — torch stacks into a shared tensor of the first sample's dtype, so float32 then
+    float64 gives float32 and ``torch.stack(..., out=)`` raises for a dtype it cannot cast (int64
+    then float32). Elsewhere, and in numpy mode, ``torch.stack`` promotes.
+    """
+    if ctx.to_torch and torch.utils.data.get_worker_info() is not None:
+        return elem.dtype
+    return functools.reduce(torch.promote_types, dtypes)
 
 
 def _check_tensors(batch: Sequence[Any], torch: Any) -> None:
@@ -188,7 +203,7 @@ def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
     if any(min(sample.strides, default=0) < 0 for sample in batch):
         return _as_tensors(batch, ctx)  # raises torch's own ValueError, for the first such sample
     if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
-        # mixed dtypes follow torch's promotion; a refused dtype raises torch's own error
+        # mixed dtypes follow torch's rule (collate_tensors); a refused dtype raises torch's own error
         return _as_tensors(batch, ctx)
     out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
     return _torch().from_numpy(stack_checked(batch, out, ctx))

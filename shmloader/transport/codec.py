@@ -12,7 +12,8 @@ memory. Here the memory is the task's slot:
   of the lease buffer (a torch tensor through ``torch.from_numpy`` for ``"t"``), so every view
   keeps the lease alive. Nothing is copied.
 
-Object arrays, tensor subclasses, non-CPU and sparse tensors are pickled inline (by value).
+Object arrays, tensor subclasses, non-CPU, sparse, nested and quantized tensors are pickled inline
+(by value).
 
 The common case — a list or tuple of plain ndarrays that collate already wrote into the slot — takes
 a flat form instead: not a pickle but the tuple ``(is_tuple, records)`` with one
@@ -44,11 +45,18 @@ def _torch_tensor_type() -> Any:
 
 
 def _is_plain_cpu_tensor(obj: Any, tensor_type: Any) -> bool:
+    """Whether a tensor is one block of CPU memory that a slot record describes (else: inline).
+
+    Nested tensors (of strided layout) and quantized ones are not: neither has plain sizes and
+    bytes to copy into the slot, so they are pickled inline as torch pickles them.
+    """
     return (
         type(obj) is tensor_type
         and obj.device.type == "cpu"
         and obj.layout is sys.modules["torch"].strided
         and not obj.requires_grad
+        and not obj.is_nested
+        and not obj.is_quantized
     )
 
 

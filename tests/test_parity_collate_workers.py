@@ -1,0 +1,258 @@
+"""torch parity of collation where torch's own depends on the process: ``shmloader.torch.DataLoader``
+yields what torch's ``DataLoader`` yields with ``num_workers=0`` and with worker processes, for
+samples of mixed dtypes (a worker stacks into the first sample's dtype, the main process promotes),
+nested and quantized tensors, which a worker hands back pickled by value, and types the user added
+to torch's ``default_collate_fn_map``, read wherever the batch is collated."""
+
+from __future__ import annotations
+
+import fractions
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from parity_helpers import assert_same_error, assert_same_structure
+
+from shmloader.collate import collate, torch_default_collate
+
+torch = pytest.importorskip("torch")
+from torch.utils import data as tdata  # noqa: E402
+from torch.utils.data._utils import collate as torch_collate  # noqa: E402
+from torch.utils.data._utils import worker as torch_worker  # noqa: E402
+
+import shmloader  # noqa: E402
+import shmloader.torch as st  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+class ListDataset(tdata.Dataset):
+    """The samples given, as a map-style dataset."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.samples[i]
+
+
+def outcome(loader_cls: type, dataset: Any, each: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+    """Every batch the loader yields (``each(batch)`` if given, taken while iterating), or the type
+    of the error it raises; the loader is then closed."""
+    loader = loader_cls(dataset, **kwargs)
+    try:
+        return [batch if each is None else each(batch) for batch in loader]
+    except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
+        return type(error)
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+def assert_same_outcome(dataset: Any, **kwargs: Any) -> Any:
+    """Assert torch's loader and ours yield the same batches (or raise the same type); return them."""
+    theirs = outcome(tdata.DataLoader, dataset, **kwargs)
+    ours = outcome(st.DataLoader, dataset, **kwargs)
+    if isinstance(theirs, type):
+        assert ours is theirs
+    else:
+        assert_same_structure(ours, theirs, path="batches")
+    return theirs
+
+
+# ----------------------------------------------------------------------------- mixed dtypes
+
+
+def _tensor(dtype: str) -> Any:
+    return torch.ones(2, dtype=getattr(torch, dtype))
+
+
+MIXED: dict[str, Callable[[], list[Any]]] = {
+    "float32_then_float64": lambda: [_tensor("float32"), _tensor("float64")],
+    "uint8_then_int8": lambda: [_tensor("uint8"), _tensor("int8")],
+    "bfloat16_then_float32": lambda: [_tensor("bfloat16"), _tensor("float32")],
+    "float32_then_float64_arrays": lambda: [np.ones(2, np.float32), np.ones(2, np.float64)],
+}
+MIXED_ERRORS: dict[str, Callable[[], list[Any]]] = {
+    "int64_then_float32": lambda: [_tensor("int64"), _tensor("float32")],
+    "bool_then_int64": lambda: [_tensor("bool"), _tensor("int64")],
+    "float32_then_complex64": lambda: [_tensor("float32"), _tensor("complex64")],
+    "int64_then_float32_arrays": lambda: [np.ones(2, np.int64), np.ones(2, np.float32)],
+}
+
+
+@pytest.fixture
+def in_a_torch_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process looks like a worker to torch's ``get_worker_info()``, as in a real worker."""
+    info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=ListDataset([]))
+    monkeypatch.setattr(torch_worker, "_worker_info", info)
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_mixed_dtypes_in_a_worker_keep_the_first_samples_dtype(name: str, in_a_torch_worker: None) -> None:
+    batch = MIXED[name]()
+    expected = tdata.default_collate(batch)
+    assert expected.dtype == torch.as_tensor(batch[0]).dtype
+    assert_same_structure(torch_default_collate(batch), expected)
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_ERRORS))
+def test_mixed_dtypes_in_a_worker_that_do_not_cast_raise_torchs_error(name: str, in_a_torch_worker: None) -> None:
+    batch = MIXED_ERRORS[name]()
+    assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+
+
+@pytest.mark.parametrize("name", sorted(MIXED) + sorted(MIXED_ERRORS))
+def test_mixed_dtypes_outside_workers_promote(name: str) -> None:
+    batch = {**MIXED, **MIXED_ERRORS}[name]()
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", ["float32_then_float64", "uint8_then_int8", "float32_then_float64_arrays",
+                                  "int64_then_float32"])
+def test_loader_collates_mixed_dtypes_as_torchs_does(name: str, num_workers: int) -> None:
+    samples = {**MIXED, **MIXED_ERRORS}[name]() * 2
+    batches = assert_same_outcome(ListDataset(samples), batch_size=2, num_workers=num_workers)
+    promoted = torch.promote_types(torch.as_tensor(samples[0]).dtype, torch.as_tensor(samples[1]).dtype)
+    if num_workers == 0:  # torch.stack promotes; in a worker torch stacks into the first dtype
+        assert [b.dtype for b in batches] == [promoted, promoted]
+
+
+# ------------------------------------------------- nested and quantized tensors (pickled inline)
+
+
+class Sequences(tdata.Dataset):
+    """Sample i: ``arange(i + 1)``, so no two samples of a batch have one shape."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.arange(i + 1, dtype=torch.float32)
+
+
+def nest(batch: list[Any]) -> Any:
+    """The collate_fn torch's error for nested samples asks for: one nested tensor per batch."""
+    return torch.nested.nested_tensor(list(batch))
+
+
+class Quantized(tdata.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.quantize_per_tensor(torch.full((3,), float(i)), 0.5, 0, torch.quint8)
+
+
+def _unbound(batch: Any) -> Any:
+    return [t.tolist() for t in batch.unbind()]
+
+
+def _dequantized(batch: Any) -> Any:
+    return batch.is_quantized, batch.q_scale(), batch.dequantize().tolist()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:.*nested tensors:UserWarning")
+@pytest.mark.parametrize("loader_cls", [st.DataLoader, shmloader.DataLoader], ids=["torch", "numpy"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_nested_tensor_from_a_collate_fn(loader_cls: type, num_workers: int) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": num_workers, "collate_fn": nest, "each": _unbound}
+    expected = outcome(tdata.DataLoader, Sequences(), **kwargs)
+    assert expected == [[[0.0], [0.0, 1.0]], [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0]]]
+    assert outcome(loader_cls, Sequences(), **kwargs) == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized tensors and their unpickling: deprecated
+@pytest.mark.parametrize("loader_cls", [st.DataLoader, shmloader.DataLoader], ids=["torch", "numpy"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_quantized_tensor_samples_without_batching(loader_cls: type, num_workers: int) -> None:
+    # compared with torch's num_workers=0 only: torch 2.13's workers hand back quantized tensors
+    # that have lost their quantizer ("cannot call dequantize on UnknownQuantizer")
+    expected = outcome(tdata.DataLoader, Quantized(), batch_size=None, each=_dequantized)
+    assert expected == [(True, 0.5, [0.0] * 3), (True, 0.5, [1.0] * 3)]
+    got = outcome(loader_cls, Quantized(), batch_size=None, num_workers=num_workers, each=_dequantized)
+    assert got == expected
+
+
+# ------------------------------------------ types added to torch's default_collate_fn_map
+
+
+class Box:
+    """A type torch's default_collate knows only once it is added to ``default_collate_fn_map``."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def collate_boxes(batch: list[Box], *, collate_fn_map: dict | None = None) -> Any:
+    assert collate_fn_map is torch_collate.default_collate_fn_map
+    return torch.tensor([box.value for box in batch]) * 100
+
+
+def collate_floats_as_float32(batch: list[float], *, collate_fn_map: dict | None = None) -> Any:
+    return torch.tensor(batch, dtype=torch.float32)
+
+
+def collate_rationals(batch: list[Any], *, collate_fn_map: dict | None = None) -> Any:
+    return [f"{x.numerator}/{x.denominator}" for x in batch]
+
+
+@pytest.fixture
+def torch_map_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's "Option 2": a new type, a stock type's function replaced, an ABC after the stock keys."""
+    fn_map = torch_collate.default_collate_fn_map
+    monkeypatch.setitem(fn_map, Box, collate_boxes)
+    monkeypatch.setitem(fn_map, float, collate_floats_as_float32)
+    monkeypatch.setitem(fn_map, numbers.Rational, collate_rationals)  # int stays stock: exact key first
+
+
+def _sample(i: int) -> dict[str, Any]:
+    return {"box": Box(i), "boxes": [Box(i), Box(-i)], "f": i / 2, "q": fractions.Fraction(i, 3), "i": i,
+            "x": np.full(2, i, np.float32)}
+
+
+def test_types_added_to_torchs_map_collate_as_torch_does(torch_map_entries: None) -> None:
+    batch = [_sample(i) for i in range(3)]
+    expected = tdata.default_collate(batch)
+    assert expected["box"].tolist() == [0, 100, 200] and expected["f"].dtype == torch.float32
+    assert expected["q"] == ["0/1", "1/3", "2/3"] and expected["i"].dtype == torch.int64
+    assert_same_structure(torch_default_collate(batch), expected)
+
+
+def test_types_in_torchs_map_are_read_at_collate_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = [_sample(i) for i in range(2)]
+    assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+    monkeypatch.setitem(torch_collate.default_collate_fn_map, Box, collate_boxes)
+    monkeypatch.setitem(torch_collate.default_collate_fn_map, numbers.Rational, collate_rationals)
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+def test_the_rest_of_the_batch_is_still_collated_into_the_slot(torch_map_entries: None) -> None:
+    seen: list[np.ndarray] = []
+
+    def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        seen.append(np.empty(shape, dtype))
+        return seen[-1]
+
+    out = collate([_sample(i) for i in range(2)], alloc, to_torch=True)
+    assert out["x"].data_ptr() in {a.ctypes.data for a in seen}
+    assert out["i"].data_ptr() in {a.ctypes.data for a in seen}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("collate_fn", [None, tdata.default_collate], ids=["default", "torch_default_collate"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_collates_types_added_to_torchs_map(torch_map_entries: None, num_workers: int,
+                                                   collate_fn: Any) -> None:
+    batches = assert_same_outcome(ListDataset([_sample(i) for i in range(4)]), batch_size=2,
+                                  num_workers=num_workers, collate_fn=collate_fn)
+    assert [b["box"].tolist() for b in batches] == [[0, 100], [200, 300]]
