@@ -32,6 +32,14 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
                          "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
     if prefetch_factor is not None and prefetch_factor < 0:
         raise ValueError("prefetch_factor option should be non-negative")
+    if prefetch_factor is not None:  # torch fails on these only when it iterates: said here, at once
+        try:
+            operator.index(prefetch_factor)
+        except TypeError:
+            raise TypeError(f"prefetch_factor should be an integer, but got prefetch_factor={prefetch_factor!r}") from None
+        if prefetch_factor == 0:  # no task would ever be sent: the first next() would wait forever
+            raise ValueError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter "
+                             "(got prefetch_factor=0)")
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     return num_workers

@@ -63,6 +63,17 @@ def test_non_integer_num_workers_names_the_argument():
         shmloader.DataLoader(Squares(4), num_workers=2.0)
 
 
+def test_a_fractional_or_zero_prefetch_factor_is_refused_by_name_at_construction():
+    """torch takes 1.5 and 0 and fails only when iterating (inside range(); an assertion); we say so at once."""
+    with pytest.raises(TypeError, match=r"prefetch_factor should be an integer, but got prefetch_factor=1\.5"):
+        shmloader.DataLoader(Squares(4), num_workers=1, prefetch_factor=1.5)
+    with pytest.raises(ValueError, match=r"prefetch_factor must be greater than 0 .*prefetch_factor=0"):
+        shmloader.DataLoader(Squares(4), num_workers=1, prefetch_factor=0)  # it hung: no task was ever sent
+    loader = shmloader.DataLoader(Squares(4), num_workers=1, prefetch_factor=np.int64(3))  # torch takes it
+    assert loader.prefetch_factor == 3
+    loader.close()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [np.int64(1), np.int32(0), True, torch.tensor(1)])
 def test_integer_like_num_workers_is_taken_as_torch_takes_it(num_workers):
