@@ -84,11 +84,17 @@ class Events:
             if self._flat is None:  # a wrapper is registered: pluggy's own call handles it
                 self.plugins.hook.shmloader_batch_ready(**dict(zip(_BATCH_READY_ARGS, args)))
                 return
-            for fn, picks in self._flat:
-                if picks is None:
-                    fn(*args)
-                else:
-                    fn(*[args[i] for i in picks])
+            first: Exception | None = None
+            for fn, picks in self._flat:  # every observer sees the batch, the built-in stats included
+                try:
+                    if picks is None:
+                        fn(*args)
+                    else:
+                        fn(*[args[i] for i in picks])
+                except Exception as exc:
+                    first = first or exc
+            if first is not None:
+                raise first
         except Exception as exc:
             self._raise("shmloader_batch_ready", exc)
 

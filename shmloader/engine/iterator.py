@@ -18,13 +18,14 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmloader import state as _state
 from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
 from shmloader.errors import LoaderClosed, PluginError
+from shmloader.log import logger
 from shmloader.worker.main import make_fetcher, run_collate
 from shmloader.worker_info import generate_state, seed_rngs, task_seed
 
@@ -62,6 +63,10 @@ class BaseIter:
 
     def _reset(self, plan: Plan) -> None:
         """The next epoch on the same iterator (persistent workers keep their base seed, as torch's)."""
+        if self._observer_error is not None:  # from the epoch's last batch, and no next() came to raise it
+            logger.warning("an observer failed after the last batch of the epoch (not raised: the epoch "
+                           "ended first): %s", self._observer_error)
+            self._observer_error = None
         self._plan = plan
         self._start_epoch(reuse_seed=self._base_seed)
         self._len_called = plan.len_called
@@ -90,10 +95,17 @@ class BaseIter:
     def _report_batch(self, *event: Any) -> None:
         """Tell the observers a batch is out. An observer's error is raised at the next ``next()``,
         so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md)."""
+        self._observe(self._plan.events.batch_ready, *event)
+
+    def _observe(self, event: Callable[..., None], *args: Any) -> None:
+        """Tell the observers of an event (``Events`` method ``event``). An observer's error is kept
+        and raised at the next ``next()``, so what the loader was doing (handing out a batch,
+        replacing a dead worker and sending it the dead one's tasks) is finished first."""
         try:
-            self._plan.events.batch_ready(*event)
+            event(*args)
         except PluginError as exc:
-            self._observer_error = exc
+            if self._observer_error is None:
+                self._observer_error = exc
 
     def __next__(self) -> Any:
         if self._observer_error is not None:

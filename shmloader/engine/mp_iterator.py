@@ -101,7 +101,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             self.close()
             raise
         for w in self._pool.workers:
-            plan.events.worker_started(w.id, w.pid)
+            self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
         self._begin_epoch()
 
     # -- epoch life cycle ----------------------------------------------------------------------
@@ -247,11 +247,13 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     def _end_epoch(self) -> None:
         self._state = IterState.EXHAUSTED
-        self._plan.events.epoch_end()
-        if self._plan.persistent:
-            self._plan.book.reused_seed = self._base_seed  # the next epoch reuses it, as torch's does
-        else:
-            self._shut(grace_s=None)
+        try:
+            self._plan.events.epoch_end()  # an observer's error is raised in place of StopIteration...
+        finally:  # ...once the epoch's end is done
+            if self._plan.persistent:
+                self._plan.book.reused_seed = self._base_seed  # the next epoch reuses it, as torch's does
+            else:
+                self._shut(grace_s=None)
 
     def _held(self) -> list[int]:
         return [len(w.outstanding) for w in self._pool.workers]

@@ -37,6 +37,8 @@ from shmloader.transport.preflight import CONSUMER_SLOTS
 from shmloader.transport.segment import page_round
 
 GROWTH = 1.25  # a slot that was too small grows to this multiple of the bytes the batch needed
+# poll() takes at most 2**31 - 1 ms (24.8 days); a longer timeout= waits again when this one ends
+_MAX_POLL_MS = 2**31 - 1
 
 
 class WaitAndRecover:
@@ -61,6 +63,7 @@ class WaitAndRecover:
     _flush_detach: Callable[[], None]
     _capacity: Callable[[], int]
     _worker_exception: Callable[[Failed, int, TaskRecord | None], BaseException]
+    _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
     _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
     _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
 
@@ -77,7 +80,7 @@ class WaitAndRecover:
         if self._pool.backlog or self._room_polled:
             self._flush_backlog(poller, by_fd)
         timeout_s = self._wait_timeout(started)
-        ready = poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1000))
+        ready = poller.poll(None if timeout_s is None else min(math.ceil(timeout_s * 1000), _MAX_POLL_MS))
         if not ready:
             self._on_quiet(started)
             return
@@ -273,7 +276,7 @@ class WaitAndRecover:
         w.process.join(1.0)
         exitcode = w.process.exitcode
         tasks = self._tasks_of(w)
-        self._plan.events.worker_died(w.id, w.pid, exitcode, tasks)
+        self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
         starting = not w.ready
         head: Key | None = None
         if not starting and w.outstanding and w.outstanding[0][0] == self._epoch:
@@ -294,9 +297,9 @@ class WaitAndRecover:
         """Start a successor under the same id and re-send, in order, every task the dead one held."""
         keys = list(w.outstanding)
         new = self._pool.replace(w.id)
-        self._plan.events.worker_restarted(new.id, new.pid, w.pid)
         for rec in self._ledger.records(keys):
             if rec.epoch != self._epoch:
                 self._ledger.release(rec)  # an abandoned epoch's task: not worth running again
             else:
                 self._send(new, rec)
+        self._observe(self._plan.events.worker_restarted, new.id, new.pid, w.pid)  # its tasks are sent first
