@@ -141,6 +141,7 @@ class DataLoader(Generic[T_co]):
         num_workers = checks.check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
+        checks.check_max_slots(cfg.max_slots, num_workers, prefetch_factor, cfg.provenance["max_slots"])
         self._config = cfg
         self.dataset = dataset
         self.num_workers = num_workers

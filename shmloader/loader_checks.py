@@ -14,6 +14,8 @@ import warnings
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from shmloader.errors import ConfigError
+
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
     """Check the counts as torch does; returns ``num_workers`` as a plain int. Like torch, any
@@ -43,6 +45,21 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     return num_workers
+
+
+def check_max_slots(max_slots: int, num_workers: int, prefetch_factor: int | None, source: str) -> None:
+    """``max_slots`` (0: no limit) must hold the pipeline, ``num_workers * prefetch_factor`` tasks, and
+    the batch the caller holds while asking for the next: with fewer the first ``next()`` could only
+    raise ``RingExhausted``, blaming batches nobody holds."""
+    if not max_slots or not num_workers:
+        return
+    needed = num_workers * (prefetch_factor or 2) + 1
+    if max_slots < needed:
+        name = "SHMLOADER_MAX_SLOTS" if source == "environment" else "max_slots"
+        raise ConfigError(f"{name}={max_slots} is below the {needed} slots {num_workers} workers with "
+                          f"prefetch_factor={prefetch_factor} need ({num_workers} x {prefetch_factor} tasks in "
+                          "flight, plus the batch being used): raise it, or lower num_workers or "
+                          "prefetch_factor (0 = no limit)", name=name, value=max_slots)
 
 
 def check_sampling(is_iterable: bool, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,

@@ -173,3 +173,21 @@ def test_batch_size_none_disables_auto_batching():
     got = list(shmloader.DataLoader(Squares(3), batch_size=None))
     assert [g["y"] for g in got] == [0, 1, 2]
     assert isinstance(got[0]["x"], np.ndarray) and got[0]["x"].shape == (8,)
+
+
+@pytest.mark.timeout(60)
+def test_max_slots_below_the_pipeline_is_refused_by_name(monkeypatch):
+    """With fewer slots than tasks in flight plus the batch in use, the first next() could only
+    raise RingExhausted blaming batches nobody held."""
+    with pytest.raises(shmloader.ConfigError, match=r"^max_slots=4 is below the 5 slots 2 workers") as info:
+        shmloader.DataLoader(Squares(8), batch_size=2, num_workers=2, max_slots=4)
+    assert info.value.name == "max_slots" and info.value.value == 4
+    loader = shmloader.DataLoader(np.arange(16.0).reshape(8, 2), batch_size=2, num_workers=2, max_slots=5)
+    try:
+        assert sum(1 for _ in loader) == 4  # the smallest ring that holds the pipeline loads
+    finally:
+        loader.close()
+    monkeypatch.setenv("SHMLOADER_MAX_SLOTS", "3")
+    with pytest.raises(shmloader.ConfigError, match=r"^SHMLOADER_MAX_SLOTS=3 is below the 5 slots"):
+        shmloader.DataLoader(Squares(8), batch_size=2, num_workers=2)
+    shmloader.DataLoader(Squares(8), batch_size=2).close()  # no workers, no pipeline: the limit is moot
