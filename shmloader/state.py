@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import StateError
+from shmloader.state_fields import check_fields, import_torch
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
 
@@ -235,7 +236,7 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     delivered = TaskSet.from_ranges(state["delivered"])
     random = state["random"]
     if random.get("torch_global") is not None:
-        _import_torch()
+        import_torch()
     for name, saved in state["objects"].items():
         target: Any = getattr(loader, name, None)
         if not callable(getattr(target, "load_state_dict", None)):
@@ -264,6 +265,7 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
     missing = [k for k in _KEYS if k not in state]
     if missing:
         raise StateError(f"the state lacks {', '.join(missing)} (saved keys: {', '.join(sorted(state))})")
+    check_fields(state)
     saved, current = state["config"], config_of(loader)
     diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if diff:
@@ -349,14 +351,6 @@ def _unsaveable(loader: Any) -> str | None:
                     "draws its order from fresh OS entropy when torch is not imported, so the order cannot be "
                     "re-created. Pass generator= (an int seed, numpy or torch Generator) to make it resumable.")
     return None
-
-
-def _import_torch() -> None:
-    try:
-        import torch  # noqa: F401  the saving process drew from torch's RNG: this one must too
-    except ImportError as exc:
-        raise StateError("the state was saved while torch's global RNG made the order, but torch is not "
-                         "installed here") from exc
 
 
 def _b64(tensor: Any) -> str:

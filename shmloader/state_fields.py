@@ -1,0 +1,81 @@
+"""The shape of a saved loader state, field by field: what ``load_state_dict`` refuses before it acts.
+
+Runs in the main process, called by ``state.check`` once the format, version and keys are known.
+Owns nothing. Promises: a state whose fields have the wrong type or range (a string epoch, a seed
+that is no 64-bit unsigned integer, a generator state that does not decode) raises ``StateError``
+naming the field and its value, before anything is restored; a state that passes is one the
+loader can act on without a ``TypeError`` from deep inside, or a crash blamed on a worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+from shmloader.errors import StateError
+
+_SEED_LIMIT = 1 << 64  # base seeds are drawn as torch draws them: 64-bit unsigned
+
+
+def check_fields(state: Mapping[str, Any]) -> None:
+    """Raise ``StateError`` for the first field of ``state`` of the wrong type or range."""
+    _expect(isinstance(state["config"], Mapping), "config", state["config"], "a mapping")
+    _expect(isinstance(state["objects"], Mapping), "objects", state["objects"], "a mapping")
+    for name in ("epoch", "yielded"):
+        _expect(_count(state[name]), name, state[name], "an integer >= 0")
+    _expect(type(state["in_progress"]) is bool, "in_progress", state["in_progress"], "true or false")
+    seed = state["base_seed"]
+    ok = (seed is None and not state["in_progress"]) or (type(seed) is int and 0 <= seed < _SEED_LIMIT)
+    _expect(ok, "base_seed", seed, "an integer in [0, 2**64)" + ("" if state["in_progress"] else ", or null"))
+    _expect(isinstance(state["delivered"], list), "delivered", state["delivered"], "a list of [start, stop) ranges")
+    _check_random(state["random"])
+
+
+def _check_random(random: Any) -> None:
+    _expect(isinstance(random, Mapping) and isinstance(random.get("sources"), list) and "torch_global" in random,
+            "random", random, "a mapping of 'sources' (a list) and 'torch_global'")
+    for entry in random["sources"]:
+        ok = (isinstance(entry, Mapping) and isinstance(entry.get("paths"), list)
+              and all(isinstance(p, str) for p in entry["paths"]) and entry.get("kind") in ("torch", "numpy")
+              and "state" in entry)
+        _expect(ok, "random.sources", entry, "entries of 'paths', 'kind' (torch or numpy) and 'state'")
+        if entry["kind"] == "torch":
+            _torch_state(entry["state"], f"random.sources ({', '.join(entry['paths'])})")
+    if random["torch_global"] is not None:
+        _torch_state(random["torch_global"], "random.torch_global")
+
+
+def _torch_state(encoded: Any, name: str) -> None:
+    """A torch CPU generator state, base64: it must decode and be one torch can set."""
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise StateError(f"the state's {name} is not a base64 torch generator state: {encoded!r:.80}",
+                         encoded, None) from None
+    torch = import_torch()
+    try:
+        torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
+    except (RuntimeError, ValueError) as exc:
+        raise StateError(f"the state's {name} is not a torch generator state torch can set "
+                         f"({len(raw)} bytes): {exc}", len(raw), None) from None
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _expect(ok: bool, name: str, value: Any, what: str) -> None:
+    if not ok:
+        raise StateError(f"the state's {name} must be {what}; got {value!r:.120}", value, what)
+
+
+def import_torch() -> Any:
+    """torch, which drew the order in the saving process, so it must draw it here too."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise StateError("the state was saved while torch's random generators made the order, but torch is "
+                         "not installed here") from exc
+    return torch
