@@ -110,6 +110,8 @@ def env_name(name: str) -> str:
 
 
 def _int_text(text: str) -> int:
+    if not text.isascii():  # int() takes other scripts' digits ('١'); the docs promise decimal ASCII
+        raise _Invalid("is not an integer")
     try:
         return int(text, 10)
     except ValueError:
@@ -145,6 +147,8 @@ def _check_int(minimum: int) -> Checker:
 
 def _parse_float(text: str) -> float:
     try:
+        if not text.isascii():
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise _Invalid("is not a number") from None

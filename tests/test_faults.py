@@ -228,9 +228,24 @@ def test_enospc_at_creation_becomes_shm_space_error(tmp_path: Any) -> None:
                                             r"device\) needs 4096 more bytes but .* bytes free"):
         with explain_enospc(str(tmp_path), 4096):
             raise OSError(errno.ENOSPC, "No space left on device")
-    with pytest.raises(PermissionError):  # not a space problem: unchanged
-        with explain_enospc(str(tmp_path), 4096):
+    with pytest.raises(PermissionError, match=r"cannot create a shared-memory segment in .* \(denied\): "
+                                              r"that directory is set by SHMLOADER_SHM_DIR or shm_dir="):
+        with explain_enospc(str(tmp_path), 4096):  # a directory no segment can be made in: same type, named
             raise PermissionError(errno.EACCES, "denied")
+    with pytest.raises(OSError, match=r"^\[Errno 5\] I/O$"):  # anything else: unchanged
+        with explain_enospc(str(tmp_path), 4096):
+            raise OSError(errno.EIO, "I/O")
+
+
+@pytest.mark.timeout(60)
+def test_a_shm_dir_where_no_segment_can_be_made_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHMLOADER_SHM_DIR", "/proc")  # exists, passes validation, takes no files
+    loader = DataLoader(np.arange(16.0).reshape(8, 2), batch_size=2, num_workers=2)
+    try:
+        with pytest.raises(OSError, match=r"cannot create a shared-memory segment in /proc .*SHMLOADER_SHM_DIR"):
+            next(iter(loader))
+    finally:
+        loader.close()
 
 
 @pytest.mark.timeout(30)

@@ -323,15 +323,24 @@ def space_error(directory: str, needed_bytes: int, free_bytes: int, what: str) -
     )
 
 
+_DIRECTORY_ERRNOS = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
+
+
 @contextlib.contextmanager
 def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
-    """Turn running out of space while creating a ``nbytes`` segment into a ShmSpaceError.
+    """Turn running out of space while creating a ``nbytes`` segment into a ShmSpaceError, and a
+    directory where no segment can be made (missing, read-only, not ours to write, not a file
+    system that takes them) into the same OSError naming the setting that chose it.
 
     Use around ``Segment.create``; any other OSError passes through unchanged.
     """
     try:
         yield
     except OSError as exc:
+        if exc.errno in _DIRECTORY_ERRNOS:
+            raise type(exc)(exc.errno, f"cannot create a shared-memory segment in {shm_dir} ({exc.strerror}): "
+                            "that directory is set by SHMLOADER_SHM_DIR or shm_dir= (default /dev/shm) and must "
+                            "be a writable tmpfs", exc.filename) from exc
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
             raise
         free = shm_free_bytes(shm_dir)
