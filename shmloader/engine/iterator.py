@@ -94,8 +94,13 @@ class BaseIter:
 
     def _report_batch(self, *event: Any) -> None:
         """Tell the observers a batch is out. An observer's error is raised at the next ``next()``,
-        so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md)."""
-        self._observe(self._plan.events.batch_ready, *event)
+        so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md).
+        ``_observe`` inlined: this runs once per batch."""
+        try:
+            self._plan.events.batch_ready(*event)
+        except PluginError as exc:
+            if self._observer_error is None:
+                self._observer_error = exc
 
     def _observe(self, event: Callable[..., None], *args: Any) -> None:
         """Tell the observers of an event (``Events`` method ``event``). An observer's error is kept
