@@ -279,3 +279,40 @@ def test_importing_shmloader_imports_neither_torch_nor_cupy() -> None:
             "print('torch' in sys.modules, 'cupy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
+
+
+class BadSample3(shmloader.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == 3:
+            raise KeyError("bad sample 3")
+        return np.full(2, i, np.float32)
+
+
+def _firsts(iterable: Any) -> list[Any]:
+    """The first value of each batch, "KeyError" for an error, going on past errors, "STOP" at the end."""
+    out, it = [], iter(iterable)
+    for _ in range(10):
+        try:
+            out.append(int(np.asarray(next(it)).ravel()[0]))
+        except StopIteration:
+            return [*out, "STOP"]
+        except KeyError:
+            out.append("KeyError")
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_error_read_ahead_comes_after_the_batch_before_it_and_the_epoch_goes_on(num_workers: int) -> None:
+    """The prefetcher reads batch k+1 before it hands out batch k: the loader's error for k+1 used to
+    be raised in place of k (a good batch lost) and ended the epoch (the rest lost too)."""
+    loader = shmloader.DataLoader(BadSample3(), batch_size=1, num_workers=num_workers)
+    try:
+        plain = _firsts(loader)
+        assert plain == [0, 1, 2, "KeyError", 4, 5, "STOP"]
+        assert _firsts(shmloader.to_device(loader, "cpu")) == plain
+    finally:
+        loader.close()

@@ -30,6 +30,7 @@ copied just before each look-ahead read); save that one (docs/resume.md).
 from __future__ import annotations
 
 import sys
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
@@ -165,7 +166,7 @@ class DevicePrefetcher(Owned):
         return len(self.source)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        return self._run()
+        return _Epoch(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's ``state_dict()`` as of the batch the caller last received (not the one
@@ -177,43 +178,20 @@ class DevicePrefetcher(Owned):
             raise TypeError(f"{type(self.source).__name__} has no state_dict(): only a loader's position can be saved")
         return state_dict()  # type: ignore[no-any-return]
 
-    def _run(self) -> Iterator[Any]:
-        self._mark = None
-        batches = iter(self.source)  # first: a loader picks its pin backend when it starts
-        transfer = self._transfer or transfer_for(self.source, self.device)
-        stream = transfer.new_stream(self.device)
-        pending: deque[_Copy] = deque()
-        save = getattr(batches, "state_of", None)  # a loader's iterator: its state as of a record
-        device, held, wait = self.device, self.held, transfer.wait
-        try:
-            self._start(batches, transfer, stream, pending, save)
-            while pending:
-                current = pending.popleft()
-                self._start(batches, transfer, stream, pending, save)  # k+1 copies during k's work
-                moved = current.moved
-                wait(moved, current.event, device)
-                current.moved = None
-                held.append(current)
-                del current
-                self._release_finished()
-                yield moved
-                del moved
-            self._mark = None  # the epoch ended: the loader's state (the next epoch's start) is right
-        finally:
-            self._drain(pending)
-
     def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[_Copy],
-               save: Callable[[_state.EpochRecord], dict[str, Any]] | None) -> None:
-        """Read the next batch and enqueue its copy; first mark where the loader's epoch stood."""
+               save: Callable[[_state.EpochRecord], dict[str, Any]] | None) -> bool:
+        """Read the next batch and enqueue its copy (False: the epoch has no more); first mark
+        where the loader's epoch stood."""
         record = getattr(batches, "_record", None)  # a loader's iterator keeps its epoch record
         if save is not None and isinstance(record, _state.EpochRecord):
             self._mark = _Mark(save, record)
         try:
             source = next(batches)
         except StopIteration:
-            return
+            return False
         moved, event = transfer.copy(source, self.device, stream, self.non_blocking)
         pending.append(_Copy(source, moved, event))
+        return True
 
     @owner_only()
     def _release_finished(self) -> None:
@@ -232,3 +210,69 @@ class DevicePrefetcher(Owned):
             copy.event.synchronize()
         self.held.clear()
         pending.clear()
+
+
+class _Epoch:
+    """One epoch of a prefetcher: batch k is handed out while batch k+1 is read and copied.
+
+    Owns the copies read but not yet handed out (``pending``) and, until it is handed out, an
+    error the loader raised while batch k+1 was read ahead: batch k (loaded fine) comes first, the
+    error at the next ``next()``, and the epoch goes on after it, as it does on the loader itself.
+    When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
+    let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
+    """
+
+    def __init__(self, pre: DevicePrefetcher) -> None:
+        pre._mark = None
+        self.pre = pre
+        self.batches = iter(pre.source)  # first: a loader picks its pin backend when it starts
+        self.transfer = pre._transfer or transfer_for(pre.source, pre.device)
+        self.stream = self.transfer.new_stream(pre.device)
+        self.pending: deque[_Copy] = deque()
+        self.save = getattr(self.batches, "state_of", None)  # a loader's iterator: its state as of a record
+        self.error: BaseException | None = None
+        self.done = False
+        self._drain = weakref.finalize(self, pre._drain, self.pending)
+        self._drain.atexit = False  # no device work during interpreter teardown
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def close(self) -> None:
+        """Stop early (as a generator's ``close``): every copy finishes, then the slots are let go.
+        Inert in a process that inherited this iterator."""
+        self.done = True
+        self.error = None
+        self._drain()
+
+    def __next__(self) -> Any:
+        pre, pending = self.pre, self.pending
+        if not pending:
+            if self.error is not None:  # read ahead while the batch before it was in the caller's hands
+                exc, self.error = self.error, None
+                raise exc
+            if not self.done:
+                self._read()  # an error here has no batch before it to wait for: raised now
+            if not pending:
+                self._end()
+                raise StopIteration
+        current = pending.popleft()
+        try:
+            self._read()  # k+1 copies during k's work
+        except Exception as exc:  # the loader's error for batch k+1: batch k first
+            self.error = exc
+        moved = current.moved
+        self.transfer.wait(moved, current.event, pre.device)
+        current.moved = None
+        pre.held.append(current)
+        del current
+        pre._release_finished()
+        return moved
+
+    def _read(self) -> None:
+        if not self.done:
+            self.done = not self.pre._start(self.batches, self.transfer, self.stream, self.pending, self.save)
+
+    def _end(self) -> None:
+        self.pre._mark = None  # the epoch ended: the loader's state (the next epoch's start) is right
+        self._drain()
