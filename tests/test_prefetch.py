@@ -177,6 +177,8 @@ def test_numpy_arrays_become_tensors_on_the_device() -> None:
     ((x, label),) = list(shmloader.to_device([(a, "l")], "cpu"))  # no pin backend: a plain .to()
     assert isinstance(x, torch.Tensor) and x.device.type == "cpu" and label == "l"
     assert torch.equal(x, torch.from_numpy(a))
+    ((flipped,),) = list(shmloader.to_device([(a[:, ::-1],)], "cpu"))  # torch has no negative strides
+    assert torch.equal(flipped, torch.from_numpy(a[:, ::-1].copy()))
 
 
 def shuffled_loader(num_workers: int, pin_memory: bool) -> shmloader.DataLoader:

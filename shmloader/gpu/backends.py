@@ -152,10 +152,13 @@ def iter_leaves(batch: Any) -> Iterator[Any]:
 
 
 def as_tensor(leaf: Any) -> Any:
-    """A numpy array as a tensor sharing its memory (``torch.from_numpy``); anything else as is."""
+    """A numpy array as a tensor sharing its memory (``torch.from_numpy``), copied first only when
+    its strides are negative (``img[:, ::-1]``), which torch cannot view; anything else as is."""
     if isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject:
         import torch
 
+        if any(stride < 0 for stride in leaf.strides):  # torch has no negative strides: one copy
+            leaf = np.ascontiguousarray(leaf)
         try:
             return torch.from_numpy(leaf)
         except TypeError:  # a dtype torch has no type for (strings, datetimes): leave it
