@@ -146,9 +146,9 @@ def _check_int(minimum: int) -> Checker:
 
 
 def _parse_float(text: str) -> float:
+    if not text.isascii():  # float() takes other scripts' digits too
+        raise _Invalid("is not a number")
     try:
-        if not text.isascii():
-            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise _Invalid("is not a number") from None

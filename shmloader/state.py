@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import StateError
-from shmloader.state_fields import check_fields, import_torch
+from shmloader.state_fields import check_fields
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
 
@@ -234,9 +234,7 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     """Check ``state`` against ``loader``, restore samplers, dataset and generators, arm the resume."""
     check(loader, state)
     delivered = TaskSet.from_ranges(state["delivered"])
-    random = state["random"]
-    if random.get("torch_global") is not None:
-        import_torch()
+    random = state["random"]  # check() imported torch already where its generators made the order
     for name, saved in state["objects"].items():
         target: Any = getattr(loader, name, None)
         if not callable(getattr(target, "load_state_dict", None)):

@@ -54,7 +54,7 @@ def _torch_state(encoded: Any, name: str) -> None:
     except (binascii.Error, TypeError, ValueError):
         raise StateError(f"the state's {name} is not a base64 torch generator state: {encoded!r:.80}",
                          encoded, None) from None
-    torch = import_torch()
+    torch = _import_torch()
     try:
         torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
     except (RuntimeError, ValueError) as exc:
@@ -71,7 +71,7 @@ def _expect(ok: bool, name: str, value: Any, what: str) -> None:
         raise StateError(f"the state's {name} must be {what}; got {value!r:.120}", value, what)
 
 
-def import_torch() -> Any:
+def _import_torch() -> Any:
     """torch, which drew the order in the saving process, so it must draw it here too."""
     try:
         import torch

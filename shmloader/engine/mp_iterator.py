@@ -355,8 +355,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         return self._plan.finish(batch)
 
     def _rebuild_error(self, exc: Exception, rec: TaskRecord) -> BaseException:
-        pid = self._pool.workers[rec.worker_id].pid if rec.worker_id < len(self._pool.workers) else None
-        return batch_rebuild_error(exc, worker_id=rec.worker_id, pid=pid, task=rec.task, indices=rec.indices)
+        return batch_rebuild_error(exc, worker_id=rec.worker_id, pid=self._worker_pid(rec.worker_id), task=rec.task,
+                                   indices=rec.indices)
+
+    def _worker_pid(self, worker_id: int) -> int | None:
+        return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
         exc_type = None
@@ -365,7 +368,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                 exc_type = pickle.loads(msg.exc_type)
             except Exception:
                 exc_type = None
-        pid = self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
-        return rebuild_worker_exception(exc_type, msg.type_name, msg.traceback, worker_id=worker_id, pid=pid,
+        return rebuild_worker_exception(exc_type, msg.type_name, msg.traceback, worker_id=worker_id,
+                                        pid=self._worker_pid(worker_id),
                                         task=None if rec is None else rec.task,
                                         indices=None if rec is None else rec.indices)

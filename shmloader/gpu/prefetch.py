@@ -251,8 +251,7 @@ class _Epoch:
             if self.error is not None:  # read ahead while the batch before it was in the caller's hands
                 exc, self.error = self.error, None
                 raise exc
-            if not self.done:
-                self._read()  # an error here has no batch before it to wait for: raised now
+            self._read()  # an error here has no batch before it to wait for: raised now
             if not pending:
                 self._end()
                 raise StopIteration

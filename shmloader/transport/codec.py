@@ -118,7 +118,6 @@ def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
     if (kind is not list and kind is not tuple) or not batch:
         return None
     records = []
-    base, capacity = alloc.base_address, alloc.capacity
     total = 0
     for arr in batch:
         if type(arr) is not np.ndarray:
@@ -131,8 +130,8 @@ def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
             lo, hi = 0, nbytes
         else:
             lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
-        offset = arr.__array_interface__["data"][0] + lo - base
-        if offset < 0 or offset + hi - lo > capacity:
+        offset = alloc.offset_of(arr.__array_interface__["data"][0] + lo, hi - lo)
+        if offset is None:
             return None
         records.append((offset - lo, dt.str, arr.shape, arr.strides))
         total += nbytes
