@@ -34,7 +34,7 @@ import weakref
 from typing import Any
 
 from shmloader.engine import faults
-from shmloader.engine.dispatch import Dispatcher
+from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher
 from shmloader.engine.growth import Growths
 from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
@@ -87,6 +87,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._none_exhausted = [False] * self._num_workers  # a map-style dataset's workers never run out
         self._full_capacity = self._dispatcher.capacity(self._none_exhausted)
         self._task_seeding = cfg.task_seeding
+        # the wait reads only the due batch's worker where no other reply could be used (wait.py)
+        self._head_only = (plan.in_order and cfg.dispatch == ROUND_ROBIN and not self._iterable
+                           and cfg.task_timeout_s <= 0)
         self._start_failures: dict[int, int] = {}
         self._ring = plan.make_ring()
         self._ledger = Ledger(self._ring)
