@@ -3,8 +3,9 @@
 Owns nothing of its own: a mixin of ``MultiProcessIter`` (``mp_iterator.py``), which holds the
 pool, the ledger, the reorder buffer and the dispatcher this step reads and changes. Runs in the
 main process. Promises: ONE blocking wait (a ``select.poll`` kept across calls, which is what
-``multiprocessing.connection.wait`` does inside) over every worker's reply pipe and process
-sentinel, bounded only by ``timeout=`` and the per-task hang deadline, so a death is seen at once;
+``multiprocessing.connection.wait`` does inside) over every worker's process sentinel and every
+reply pipe whose reply could be used now (where only the due batch's could, its worker's:
+``_head_poller``), bounded only by ``timeout=`` and the per-task hang deadline, so a death is seen at once;
 each reply is processed exactly once, and its slot moves only through the ledger; a death is
 turned by ``faults`` into an error or into a replacement worker that gets the dead one's tasks
 again, each task delivered once.
