@@ -17,6 +17,11 @@ deaths were survived; with ``--seconds`` also given, not reaching it in time is 
 
     python stress/kill_workers.py --seconds 600            # ten minutes
     python stress/kill_workers.py --kills 1000 --seconds 900 --method spawn
+    python stress/kill_workers.py --seconds 120 --task-timeout 0   # no deadline: no hangs, no SIGSTOP
+
+With ``--task-timeout 0`` the loader has no task deadline, so its wait sleeps on the due batch's
+worker alone (docs/performance.md, "Sleeping on the due batch's worker"); nothing could end a hang
+then, so none is planted or sent: deaths only.
 """
 
 from __future__ import annotations
@@ -89,8 +94,9 @@ class Run:
 
     def epoch(self) -> None:
         a = self.args
+        hang_share = a.hang_share if a.task_timeout > 0 else 0.0  # no deadline: nothing would end a hang
         plan, plain, planted = c.plan_epoch(self.rng, a.samples, a.batch_size, self.epochs, a.fault_rate,
-                                            a.hang_share)
+                                            hang_share)
         self.planted.update(planted)
         self.sampler.plan = plan
         want = [c.expected_checksum(b) for b in plain]
@@ -110,7 +116,8 @@ class Run:
         pids = c.worker_pids()
         if not pids or self.pick.random() >= self.args.kill_rate:
             return
-        sig = self.pick.choices(EXTERNAL, EXTERNAL_WEIGHTS)[0]
+        n = len(EXTERNAL) if self.args.task_timeout > 0 else len(EXTERNAL) - 1  # SIGSTOP: a hang
+        sig = self.pick.choices(EXTERNAL[:n], EXTERNAL_WEIGHTS[:n])[0]
         before = self.deaths()
         try:
             os.kill(self.pick.choice(pids), sig)

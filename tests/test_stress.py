@@ -38,6 +38,15 @@ def test_kill_workers_short() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_kill_workers_without_a_task_deadline() -> None:
+    """No deadline: the wait sleeps on the due batch's worker alone, and every death is still seen."""
+    last, _ = run("kill_workers.py", "--kills", "200", "--seconds", "60", "--task-timeout", "0", timeout_s=110)
+    deaths = int(re.search(r"survived (\d+) worker deaths", last).group(1))  # type: ignore[union-attr]
+    assert deaths >= 200
+    assert "0 lost, 0 duplicated" in last and "hang 0" in last and "SIGSTOP" not in last
+
+
+@pytest.mark.timeout(120)
 def test_soak_short() -> None:
     last, _ = run("soak.py", "--epochs", "12", "--seconds", "30", timeout_s=110)
     assert re.search(r"soak: 12 epochs, 192 batches", last), last
