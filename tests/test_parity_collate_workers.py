@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fractions
 import numbers
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -123,6 +124,54 @@ def test_loader_collates_mixed_dtypes_as_torchs_does(name: str, num_workers: int
     promoted = torch.promote_types(torch.as_tensor(samples[0]).dtype, torch.as_tensor(samples[1]).dtype)
     if num_workers == 0:  # torch.stack promotes; in a worker torch stacks into the first dtype
         assert [b.dtype for b in batches] == [promoted, promoted]
+
+
+# -------------------------------------------- samples that require grad (torch.nn.Parameter)
+
+
+def _parameter(i: int, requires_grad: bool = True) -> Any:
+    return torch.nn.Parameter(torch.full((2,), float(i)), requires_grad=requires_grad)
+
+
+GRAD: dict[str, Callable[[int], Any]] = {
+    "parameter": _parameter,
+    "parameter_in_dict": lambda i: {"w": _parameter(i), "y": i},
+    "frozen_parameter": lambda i: _parameter(i, requires_grad=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAD))
+def test_samples_that_require_grad_in_a_worker_as_torch(name: str, in_a_torch_worker: None) -> None:
+    # torch's worker stacks with out= into shared memory, which autograd refuses (RuntimeError)
+    batch = [GRAD[name](i) for i in range(2)]
+    if name == "frozen_parameter":
+        assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+    else:
+        error = assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+        assert "num_workers=0" in str(error) and "batch" in str(error)
+
+
+@pytest.mark.parametrize("name", sorted(GRAD))
+def test_samples_that_require_grad_outside_workers_stack_with_grad(name: str) -> None:
+    batch = [GRAD[name](i) for i in range(2)]
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", ["parameter", "parameter_in_dict"])
+def test_loader_yields_or_refuses_parameters_as_torchs_does(name: str, num_workers: int) -> None:
+    theirs = assert_same_outcome(ListDataset([GRAD[name](i) for i in range(4)]), batch_size=2,
+                                 num_workers=num_workers)
+    assert (theirs is RuntimeError) == (num_workers > 0)
+    if num_workers > 0:  # ours says where and what to do
+        loader = st.DataLoader(ListDataset([GRAD[name](i) for i in range(4)]), batch_size=2, num_workers=2)
+        path = "batch['w']" if name == "parameter_in_dict" else "batch"
+        try:
+            with pytest.raises(RuntimeError, match=rf"requires grad[\s\S]*at {re.escape(path)}:"):
+                next(iter(loader))
+        finally:
+            loader.close()
 
 
 # ------------------------------------------------- nested and quantized tensors (pickled inline)

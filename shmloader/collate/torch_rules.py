@@ -18,7 +18,9 @@ Promises:
   (``torch.as_tensor`` / ``torch.tensor``) so dtype inference and errors are torch's, then copies
   the result into the allocator;
 - the exceptions: CUDA tensors and tensors that require grad are stacked by ``torch.stack``
-  without an allocator, since neither can live in a shared-memory slot.
+  without an allocator, since neither can live in a shared-memory slot — except that in a
+  torch-mode worker samples that require grad (``torch.nn.Parameter``) raise torch's RuntimeError,
+  as torch's worker does (it stacks them with ``out=``, which autograd refuses).
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ _INT64 = np.dtype(np.int64)
 _BOOL = np.dtype(np.bool_)
 _UINT8 = np.dtype(np.uint8)
 _FLOAT64 = np.dtype(np.float64)
+# torch's error for a worker's stack of samples that require grad (torch.stack with out=)
+_OUT_GRAD_MESSAGE = (
+    "stack(): functions with out=... arguments don't support automatic differentiation, "
+    "but one of the arguments requires grad."
+)
 
 # dtype bridges, filled on first use of each dtype: None means "no counterpart".
 _numpy_of: dict[Any, np.dtype | None] = {}
@@ -137,9 +144,9 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
         if len(set(map(_shape, batch))) > 1:
             _check_tensors(batch, torch)
             raise_shape_error(batch, ctx)
-        if elem.device.type != "cpu" or (
-            torch.is_grad_enabled() and any(map(_requires_grad, batch))
-        ):
+        if torch.is_grad_enabled() and any(map(_requires_grad, batch)):
+            return _stack_with_grad(batch, ctx, torch)
+        if elem.device.type != "cpu":
             return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
         dtypes = set(map(_dtype, batch))
     except AttributeError:  # no shape / requires_grad / dtype: not a tensor
@@ -153,6 +160,30 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     return torch.stack(batch, 0, out=out)
 
 
+def _stack_with_grad(batch: Sequence[Any], ctx: CollateContext, torch: Any) -> Any:
+    """Samples that require grad (``torch.nn.Parameter``), grad mode on: stacked as torch stacks them.
+
+    Outside a worker ``torch.stack`` records autograd: a tensor with a ``grad_fn``, off the slot.
+    In a torch-mode worker torch stacks with ``out=`` into shared memory, which autograd refuses:
+    its RuntimeError, with the field and what to do.
+    """
+    if not _in_torch_worker(ctx, torch):
+        return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
+    index = next(i for i, sample in enumerate(batch) if sample.requires_grad)
+    raise RuntimeError(
+        f"{_OUT_GRAD_MESSAGE} (at {ctx.path}: entry {index} is a {type(batch[index]).__name__} that "
+        "requires grad; a worker stacks the samples into shared memory, as torch's workers do, and "
+        "such a stack cannot record autograd. Return detached tensors from the dataset "
+        "(param.detach()), or use num_workers=0.)"
+    )
+
+
+def _in_torch_worker(ctx: CollateContext, torch: Any) -> bool:
+    """Whether torch's ``collate_tensor_fn`` would take its worker path here: torch mode, and
+    ``torch.utils.data.get_worker_info()`` not None (a worker of ours sets it, as torch's do)."""
+    return ctx.to_torch and torch.utils.data.get_worker_info() is not None
+
+
 def _stacked_dtype(elem: Any, dtypes: set[Any], ctx: CollateContext, torch: Any) -> Any:
     """The dtype of a batch of tensors of several dtypes, as torch's ``collate_tensor_fn`` gives it.
 
@@ -161,7 +192,7 @@ def _stacked_dtype(elem: Any, dtypes: set[Any], ctx: CollateContext, torch: Any)
     float64 gives float32 and ``torch.stack(..., out=)`` raises for a dtype it cannot cast (int64
     then float32). Elsewhere, and in numpy mode, ``torch.stack`` promotes.
     """
-    if ctx.to_torch and torch.utils.data.get_worker_info() is not None:
+    if _in_torch_worker(ctx, torch):
         return elem.dtype
     return functools.reduce(torch.promote_types, dtypes)
 
