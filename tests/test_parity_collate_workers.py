@@ -174,6 +174,60 @@ def test_loader_yields_or_refuses_parameters_as_torchs_does(name: str, num_worke
             loader.close()
 
 
+# ------------------------------------------------- tensors mixed with arrays (or lists) in a field
+
+
+KINDS: dict[str, Callable[[], list[Any]]] = {
+    "tensor_then_array": lambda: [torch.ones(2), np.ones(2, np.float32)],
+    "tensor_then_longer_array": lambda: [torch.ones(2), np.ones(3, np.float32)],
+    "tensor_then_list": lambda: [torch.ones(2), [1.0, 1.0]],
+    "parameter_then_array": lambda: [_parameter(0), np.ones(2, np.float32)],
+}
+ARRAY_FIRST: dict[str, Callable[[], list[Any]]] = {  # torch converts each with as_tensor: it stacks
+    "array_then_tensor": lambda: [np.ones(2, np.float32), torch.ones(2)],
+    "float64_array_then_tensor": lambda: [np.ones(2), torch.ones(2)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_non_tensor_after_a_tensor_in_a_worker_raises_torchs_attribute_error(
+        name: str, in_a_torch_worker: None) -> None:
+    # torch's worker sums x.numel() over the batch before it stacks: AttributeError
+    batch = KINDS[name]()
+    error = assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+    assert isinstance(error, AttributeError)
+    kind = "list" if name == "tensor_then_list" else "numpy.ndarray"
+    assert f"entry 1 is a {kind}" in str(error) and "at batch" in str(error)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_non_tensor_after_a_tensor_outside_workers_raises_torchs_type_error(name: str) -> None:
+    batch = KINDS[name]()
+    assert isinstance(assert_same_error(lambda: torch_default_collate(batch),
+                                        lambda: tdata.default_collate(batch)), TypeError)
+
+
+@pytest.mark.parametrize("in_worker", [False, True], ids=["main", "worker"])
+@pytest.mark.parametrize("name", sorted(ARRAY_FIRST))
+def test_a_tensor_after_an_array_is_converted_as_torch_does(name: str, in_worker: bool,
+                                                            request: pytest.FixtureRequest) -> None:
+    if in_worker:
+        request.getfixturevalue("in_a_torch_worker")
+    batch = ARRAY_FIRST[name]()
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("first", ["tensor", "array"])
+def test_loader_with_tensors_and_arrays_in_a_field_as_torchs(first: str, num_workers: int) -> None:
+    kinds = [torch.ones(2), np.ones(2, np.float32)]
+    samples = [{"x": kinds[(i + (first == "array")) % 2], "y": i} for i in range(4)]
+    theirs = assert_same_outcome(ListDataset(samples), batch_size=2, num_workers=num_workers)
+    if first == "tensor":
+        assert theirs is (AttributeError if num_workers else TypeError)
+
+
 # ------------------------------------------------- nested and quantized tensors (pickled inline)
 
 
