@@ -1,8 +1,10 @@
-"""Helpers for the torch parity tests: compare two batches recursively, and two failures.
+"""Helpers for the torch parity tests: compare two batches recursively, two failures, two loaders.
 
 ``assert_same_structure(ours, theirs)`` passes only if both have the same container types (at
 every level), the same keys and lengths, and leaves equal in type, dtype, shape and value (NaN
-equal to NaN). Importing this module does not import torch.
+equal to NaN). ``assert_same_outcome(dataset, **kwargs)`` runs torch's ``DataLoader`` and
+``shmloader.torch.DataLoader`` over one dataset and compares every batch, or the error's type.
+Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["assert_same_error", "assert_same_structure"]
+__all__ = ["ListDataset", "assert_same_error", "assert_same_outcome", "assert_same_structure", "outcome"]
 
 
 def assert_same_structure(ours: Any, theirs: Any, path: str = "batch") -> None:
@@ -104,3 +106,44 @@ def _first_words(error: BaseException) -> str:
         if stop in text:
             return text[: text.index(stop)]
     return text[:40]
+
+
+class ListDataset:
+    """The samples given, as a map-style dataset (torch's loaders take any ``__getitem__``/``__len__``)."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.samples[i]
+
+
+def outcome(loader_cls: type, dataset: Any, each: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+    """Every batch the loader yields (``each(batch)`` if given, taken while iterating), or the type
+    of the error it raises; the loader is then closed."""
+    loader = loader_cls(dataset, **kwargs)
+    try:
+        return [batch if each is None else each(batch) for batch in loader]
+    except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
+        return type(error)
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+def assert_same_outcome(dataset: Any, **kwargs: Any) -> Any:
+    """Assert torch's loader and ours yield the same batches (or raise the same type); return them."""
+    from torch.utils import data as tdata  # noqa: PLC0415  (importing this module must not import torch)
+
+    import shmloader.torch as st  # noqa: PLC0415
+
+    theirs = outcome(tdata.DataLoader, dataset, **kwargs)
+    ours = outcome(st.DataLoader, dataset, **kwargs)
+    if isinstance(theirs, type):
+        assert ours is theirs
+    else:
+        assert_same_structure(ours, theirs, path="batches")
+    return theirs

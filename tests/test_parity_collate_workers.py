@@ -1,68 +1,30 @@
 """torch parity of collation where torch's own depends on the process: ``shmloader.torch.DataLoader``
 yields what torch's ``DataLoader`` yields with ``num_workers=0`` and with worker processes, for
 samples of mixed dtypes (a worker stacks into the first sample's dtype, the main process promotes),
-nested and quantized tensors, which a worker hands back pickled by value, and types the user added
-to torch's ``default_collate_fn_map``, read wherever the batch is collated."""
+samples that require grad (a worker refuses them), a tensor field with an array in it (a worker
+raises AttributeError, the main process TypeError), and nested and quantized tensors, which a
+worker hands back pickled by value. torch's ``default_collate_fn_map``: test_parity_collate_map.py."""
 
 from __future__ import annotations
 
-import fractions
-import numbers
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from parity_helpers import assert_same_error, assert_same_structure
+from parity_helpers import ListDataset, assert_same_error, assert_same_outcome, assert_same_structure, outcome
 
-from shmloader.collate import collate, torch_default_collate
+from shmloader.collate import torch_default_collate
 
 torch = pytest.importorskip("torch")
 from torch.utils import data as tdata  # noqa: E402
-from torch.utils.data._utils import collate as torch_collate  # noqa: E402
 from torch.utils.data._utils import worker as torch_worker  # noqa: E402
 
 import shmloader  # noqa: E402
 import shmloader.torch as st  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-
-
-class ListDataset(tdata.Dataset):
-    """The samples given, as a map-style dataset."""
-
-    def __init__(self, samples: list[Any]) -> None:
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.samples[i]
-
-
-def outcome(loader_cls: type, dataset: Any, each: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
-    """Every batch the loader yields (``each(batch)`` if given, taken while iterating), or the type
-    of the error it raises; the loader is then closed."""
-    loader = loader_cls(dataset, **kwargs)
-    try:
-        return [batch if each is None else each(batch) for batch in loader]
-    except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
-        return type(error)
-    finally:
-        if hasattr(loader, "close"):
-            loader.close()
-
-
-def assert_same_outcome(dataset: Any, **kwargs: Any) -> Any:
-    """Assert torch's loader and ours yield the same batches (or raise the same type); return them."""
-    theirs = outcome(tdata.DataLoader, dataset, **kwargs)
-    ours = outcome(st.DataLoader, dataset, **kwargs)
-    if isinstance(theirs, type):
-        assert ours is theirs
-    else:
-        assert_same_structure(ours, theirs, path="batches")
-    return theirs
 
 
 # ----------------------------------------------------------------------------- mixed dtypes
@@ -125,6 +87,108 @@ def test_loader_collates_mixed_dtypes_as_torchs_does(name: str, num_workers: int
         assert [b.dtype for b in batches] == [promoted, promoted]
 
 
+# -------------------------------------------- samples that require grad (torch.nn.Parameter)
+
+
+def _parameter(i: int, requires_grad: bool = True) -> Any:
+    return torch.nn.Parameter(torch.full((2,), float(i)), requires_grad=requires_grad)
+
+
+GRAD: dict[str, Callable[[int], Any]] = {
+    "parameter": _parameter,
+    "parameter_in_dict": lambda i: {"w": _parameter(i), "y": i},
+    "frozen_parameter": lambda i: _parameter(i, requires_grad=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAD))
+def test_samples_that_require_grad_in_a_worker_as_torch(name: str, in_a_torch_worker: None) -> None:
+    # torch's worker stacks with out= into shared memory, which autograd refuses (RuntimeError)
+    batch = [GRAD[name](i) for i in range(2)]
+    if name == "frozen_parameter":
+        assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+    else:
+        error = assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+        assert "num_workers=0" in str(error) and "batch" in str(error)
+
+
+@pytest.mark.parametrize("name", sorted(GRAD))
+def test_samples_that_require_grad_outside_workers_stack_with_grad(name: str) -> None:
+    batch = [GRAD[name](i) for i in range(2)]
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", ["parameter", "parameter_in_dict"])
+def test_loader_yields_or_refuses_parameters_as_torchs_does(name: str, num_workers: int) -> None:
+    theirs = assert_same_outcome(ListDataset([GRAD[name](i) for i in range(4)]), batch_size=2,
+                                 num_workers=num_workers)
+    assert (theirs is RuntimeError) == (num_workers > 0)
+    if num_workers > 0:  # ours says where and what to do
+        loader = st.DataLoader(ListDataset([GRAD[name](i) for i in range(4)]), batch_size=2, num_workers=2)
+        path = "batch['w']" if name == "parameter_in_dict" else "batch"
+        try:
+            with pytest.raises(RuntimeError, match=rf"requires grad[\s\S]*at {re.escape(path)}:"):
+                next(iter(loader))
+        finally:
+            loader.close()
+
+
+# ------------------------------------------------- tensors mixed with arrays (or lists) in a field
+
+
+KINDS: dict[str, Callable[[], list[Any]]] = {
+    "tensor_then_array": lambda: [torch.ones(2), np.ones(2, np.float32)],
+    "tensor_then_longer_array": lambda: [torch.ones(2), np.ones(3, np.float32)],
+    "tensor_then_list": lambda: [torch.ones(2), [1.0, 1.0]],
+    "parameter_then_array": lambda: [_parameter(0), np.ones(2, np.float32)],
+}
+ARRAY_FIRST: dict[str, Callable[[], list[Any]]] = {  # torch converts each with as_tensor: it stacks
+    "array_then_tensor": lambda: [np.ones(2, np.float32), torch.ones(2)],
+    "float64_array_then_tensor": lambda: [np.ones(2), torch.ones(2)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_non_tensor_after_a_tensor_in_a_worker_raises_torchs_attribute_error(
+        name: str, in_a_torch_worker: None) -> None:
+    # torch's worker sums x.numel() over the batch before it stacks: AttributeError
+    batch = KINDS[name]()
+    error = assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
+    assert isinstance(error, AttributeError)
+    kind = "list" if name == "tensor_then_list" else "numpy.ndarray"
+    assert f"entry 1 is a {kind}" in str(error) and "at batch" in str(error)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_non_tensor_after_a_tensor_outside_workers_raises_torchs_type_error(name: str) -> None:
+    batch = KINDS[name]()
+    assert isinstance(assert_same_error(lambda: torch_default_collate(batch),
+                                        lambda: tdata.default_collate(batch)), TypeError)
+
+
+@pytest.mark.parametrize("in_worker", [False, True], ids=["main", "worker"])
+@pytest.mark.parametrize("name", sorted(ARRAY_FIRST))
+def test_a_tensor_after_an_array_is_converted_as_torch_does(name: str, in_worker: bool,
+                                                            request: pytest.FixtureRequest) -> None:
+    if in_worker:
+        request.getfixturevalue("in_a_torch_worker")
+    batch = ARRAY_FIRST[name]()
+    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("first", ["tensor", "array"])
+def test_loader_with_tensors_and_arrays_in_a_field_as_torchs(first: str, num_workers: int) -> None:
+    kinds = [torch.ones(2), np.ones(2, np.float32)]
+    samples = [{"x": kinds[(i + (first == "array")) % 2], "y": i} for i in range(4)]
+    theirs = assert_same_outcome(ListDataset(samples), batch_size=2, num_workers=num_workers)
+    if first == "tensor":
+        assert theirs is (AttributeError if num_workers else TypeError)
+
+
 # ------------------------------------------------- nested and quantized tensors (pickled inline)
 
 
@@ -181,78 +245,3 @@ def test_quantized_tensor_samples_without_batching(loader_cls: type, num_workers
     assert expected == [(True, 0.5, [0.0] * 3), (True, 0.5, [1.0] * 3)]
     got = outcome(loader_cls, Quantized(), batch_size=None, num_workers=num_workers, each=_dequantized)
     assert got == expected
-
-
-# ------------------------------------------ types added to torch's default_collate_fn_map
-
-
-class Box:
-    """A type torch's default_collate knows only once it is added to ``default_collate_fn_map``."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-
-def collate_boxes(batch: list[Box], *, collate_fn_map: dict | None = None) -> Any:
-    assert collate_fn_map is torch_collate.default_collate_fn_map
-    return torch.tensor([box.value for box in batch]) * 100
-
-
-def collate_floats_as_float32(batch: list[float], *, collate_fn_map: dict | None = None) -> Any:
-    return torch.tensor(batch, dtype=torch.float32)
-
-
-def collate_rationals(batch: list[Any], *, collate_fn_map: dict | None = None) -> Any:
-    return [f"{x.numerator}/{x.denominator}" for x in batch]
-
-
-@pytest.fixture
-def torch_map_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's "Option 2": a new type, a stock type's function replaced, an ABC after the stock keys."""
-    fn_map = torch_collate.default_collate_fn_map
-    monkeypatch.setitem(fn_map, Box, collate_boxes)
-    monkeypatch.setitem(fn_map, float, collate_floats_as_float32)
-    monkeypatch.setitem(fn_map, numbers.Rational, collate_rationals)  # int stays stock: exact key first
-
-
-def _sample(i: int) -> dict[str, Any]:
-    return {"box": Box(i), "boxes": [Box(i), Box(-i)], "f": i / 2, "q": fractions.Fraction(i, 3), "i": i,
-            "x": np.full(2, i, np.float32)}
-
-
-def test_types_added_to_torchs_map_collate_as_torch_does(torch_map_entries: None) -> None:
-    batch = [_sample(i) for i in range(3)]
-    expected = tdata.default_collate(batch)
-    assert expected["box"].tolist() == [0, 100, 200] and expected["f"].dtype == torch.float32
-    assert expected["q"] == ["0/1", "1/3", "2/3"] and expected["i"].dtype == torch.int64
-    assert_same_structure(torch_default_collate(batch), expected)
-
-
-def test_types_in_torchs_map_are_read_at_collate_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    batch = [_sample(i) for i in range(2)]
-    assert_same_error(lambda: torch_default_collate(batch), lambda: tdata.default_collate(batch))
-    monkeypatch.setitem(torch_collate.default_collate_fn_map, Box, collate_boxes)
-    monkeypatch.setitem(torch_collate.default_collate_fn_map, numbers.Rational, collate_rationals)
-    assert_same_structure(torch_default_collate(batch), tdata.default_collate(batch))
-
-
-def test_the_rest_of_the_batch_is_still_collated_into_the_slot(torch_map_entries: None) -> None:
-    seen: list[np.ndarray] = []
-
-    def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        seen.append(np.empty(shape, dtype))
-        return seen[-1]
-
-    out = collate([_sample(i) for i in range(2)], alloc, to_torch=True)
-    assert out["x"].data_ptr() in {a.ctypes.data for a in seen}
-    assert out["i"].data_ptr() in {a.ctypes.data for a in seen}
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("collate_fn", [None, tdata.default_collate], ids=["default", "torch_default_collate"])
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_loader_collates_types_added_to_torchs_map(torch_map_entries: None, num_workers: int,
-                                                   collate_fn: Any) -> None:
-    batches = assert_same_outcome(ListDataset([_sample(i) for i in range(4)]), batch_size=2,
-                                  num_workers=num_workers, collate_fn=collate_fn)
-    assert [b["box"].tolist() for b in batches] == [[0, 100], [200, 300]]

@@ -20,7 +20,9 @@ Promises:
   object is passed, so pass a new mapping rather than changing one in place); in torch mode a
   type the user added to torch's ``default_collate_fn_map`` (or whose function they replaced)
   comes before all of these, collated by that function as torch's ``collate`` dispatches it,
-  the map read at each call (:mod:`shmloader.collate.torch_map`);
+  and a key of torch's own that the user deleted no longer selects its built-in rule (the type
+  goes on through torch's dispatch), the map read at each call
+  (:mod:`shmloader.collate.torch_map`);
 - each stack of numpy arrays is written by the ``stack`` passed in: one thread by default (workers),
   split over the threads of :mod:`shmloader.collate.threads` when large and ``num_workers=0``;
 - errors name the field (``batch['image'][0]``) and keep torch's type and wording;
@@ -124,16 +126,8 @@ def find_rule(tp: type, rules: Mapping[Any, CollateRule] | None, to_torch: bool)
     ``rules`` for as long as the same mapping object is passed (so a mapping changed in place
     after use is not re-read: pass a new mapping instead).
     """
-    global _passed
     if rules:
-        cached_rules, found = _passed
-        if cached_rules is not rules:
-            found = {}
-            _passed = (rules, found)
-        try:
-            passed_rule = found[tp]
-        except KeyError:
-            passed_rule = found[tp] = _lookup(rules, tp)
+        passed_rule = _passed_rule(tp, rules)
         if passed_rule is not None:
             return passed_rule
     cache = _resolved[to_torch]
@@ -146,6 +140,30 @@ def find_rule(tp: type, rules: Mapping[Any, CollateRule] | None, to_torch: bool)
         rule = builtin_rule_for(tp, to_torch)
     cache[tp] = rule
     return rule
+
+
+def _passed_rule(tp: type, rules: Mapping[Any, CollateRule]) -> CollateRule | None:
+    """The rule ``rules`` gives ``tp`` (None: none), cached while the same mapping is passed."""
+    global _passed
+    cached_rules, found = _passed
+    if cached_rules is not rules:
+        found = {}
+        _passed = (rules, found)
+    try:
+        return found[tp]
+    except KeyError:
+        rule = found[tp] = _lookup(rules, tp)
+        return rule
+
+
+def find_custom_rule(tp: type, rules: Mapping[Any, CollateRule] | None) -> CollateRule | None:
+    """The rule the ``rules`` given, then the registry, give ``tp``: :func:`find_rule` without the
+    built-in rules (None where neither has one)."""
+    if rules:
+        passed_rule = _passed_rule(tp, rules)
+        if passed_rule is not None:
+            return passed_rule
+    return _lookup(_registry, tp) if _registry else None
 
 
 def _lookup(rules: Mapping[Any, CollateRule], tp: type) -> CollateRule | None:
@@ -176,6 +194,14 @@ def builtin_rule_for(tp: type, to_torch: bool) -> CollateRule:
         return torch_rules.collate_ints if to_torch else rules.collate_ints
     if issubclass(tp, (str, bytes)):
         return rules.keep_batch
+    return fallback_rule_for(tp, to_torch)
+
+
+def fallback_rule_for(tp: type, to_torch: bool) -> CollateRule:
+    """The built-in rule of a type that no key of torch's own ``default_collate_fn_map`` matches
+    (tensors, arrays, numpy scalars, float, int, str, bytes): containers as torch's ``collate``
+    rebuilds them, a few numpy-mode types, and torch's TypeError for the rest."""
+    rules = _rules
     if issubclass(tp, np.generic):  # datetime64, timedelta64, void: numpy-native only
         return rules.reject if to_torch else rules.collate_numpy_scalars
     if issubclass(tp, complex):  # not a number to torch's default_collate
@@ -209,10 +235,13 @@ def collate(
     if to_torch:
         _torch_rules._torch()  # torch mode makes tensors; imported only now, not with shmloader
         torch_map = _torch_map.overrides()
-        if torch_map is not None:  # the user extended torch's default_collate_fn_map
-            find = torch_map.finder(find_rule)
+        if torch_map is not None:  # the user changed torch's default_collate_fn_map
+            find = torch_map.finder(_MAP_LOOKUPS)
     ctx = CollateContext(alloc, to_torch, rules, find, stack or _rules.stack_into)
     return find(type(batch[0]), rules, to_torch)(batch, ctx)
+
+
+_MAP_LOOKUPS = _torch_map.Lookups(find_rule, find_custom_rule, builtin_rule_for, fallback_rule_for)
 
 
 def default_collate(batch: Sequence[Any]) -> Any:

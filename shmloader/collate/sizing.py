@@ -12,7 +12,8 @@ Promises: the answer is either None (unknown) or at least what collate asks for 
 samples, mode and rules. It is None for anything it does not model exactly — a rule given in
 ``rules``, registered, or from a plugin (found first, as collate finds it), mixed sample types
 or dtypes, tensors that stay off the slot, values collate would reject, anything while torch's
-``default_collate_fn_map`` holds the user's entries (torch mode) — so the caller falls
+``default_collate_fn_map`` is not torch's own (torch mode: the user's entries, or one of torch's
+deleted) — so the caller falls
 back to collating on the heap and measuring. It never raises and never changes a sample.
 """
 
@@ -46,7 +47,7 @@ def needed_bytes(batch: Sequence[Any], *, to_torch: bool = False,
                  rules: Mapping[Any, CollateRule] | None = None) -> int | None:
     """An upper bound of the bytes ``collate(batch, alloc, to_torch=..., rules=...)`` allocates, or None."""
     if to_torch and _torch_map.overrides() is not None:
-        return None  # types in torch's default_collate_fn_map may be collated by the user's function
+        return None  # torch's default_collate_fn_map changed: the user's function or torch's dispatch decides
     try:
         return _size(batch, rules, to_torch)
     except Exception:  # a sample that does not behave as its type promises: unknown

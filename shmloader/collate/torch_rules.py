@@ -18,7 +18,9 @@ Promises:
   (``torch.as_tensor`` / ``torch.tensor``) so dtype inference and errors are torch's, then copies
   the result into the allocator;
 - the exceptions: CUDA tensors and tensors that require grad are stacked by ``torch.stack``
-  without an allocator, since neither can live in a shared-memory slot.
+  without an allocator, since neither can live in a shared-memory slot — except that in a
+  torch-mode worker samples that require grad (``torch.nn.Parameter``) raise torch's RuntimeError,
+  as torch's worker does (it stacks them with ``out=``, which autograd refuses).
 """
 
 from __future__ import annotations
@@ -58,11 +60,17 @@ __all__ = [
 _shape = attrgetter("shape")
 _dtype = attrgetter("dtype")
 _requires_grad = attrgetter("requires_grad")
+_numel = attrgetter("numel")
 _PY_INTS = frozenset({int, bool})
 _INT64 = np.dtype(np.int64)
 _BOOL = np.dtype(np.bool_)
 _UINT8 = np.dtype(np.uint8)
 _FLOAT64 = np.dtype(np.float64)
+# torch's error for a worker's stack of samples that require grad (torch.stack with out=)
+_OUT_GRAD_MESSAGE = (
+    "stack(): functions with out=... arguments don't support automatic differentiation, "
+    "but one of the arguments requires grad."
+)
 
 # dtype bridges, filled on first use of each dtype: None means "no counterpart".
 _numpy_of: dict[Any, np.dtype | None] = {}
@@ -127,30 +135,57 @@ def copy_into_alloc(tensor: Any, ctx: CollateContext) -> Any:
 def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Tensors: ``torch.stack(batch, 0, out=...)`` into alloc, with torch's checks and errors.
 
-    A non-tensor after the first sample (an array, a list) gets torch's own TypeError
-    ("expected Tensor as element 1 ..."), raised by ``torch.stack`` itself.
+    A non-tensor after the first sample (an array, a list) gets the error torch gives it: in a
+    torch-mode worker an AttributeError (``'numpy.ndarray' object has no attribute 'numel'``),
+    elsewhere ``torch.stack``'s TypeError ("expected Tensor as element 1 ...").
     """
     torch = _torch()
     elem = batch[0]
     _check_layout(elem, torch)
     try:
         if len(set(map(_shape, batch))) > 1:
-            _check_tensors(batch, torch)
+            _refuse_non_tensors(batch, ctx, torch)
             raise_shape_error(batch, ctx)
-        if elem.device.type != "cpu" or (
-            torch.is_grad_enabled() and any(map(_requires_grad, batch))
-        ):
+        if torch.is_grad_enabled() and any(map(_requires_grad, batch)):
+            return _stack_with_grad(batch, ctx, torch)
+        if elem.device.type != "cpu":
             return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
         dtypes = set(map(_dtype, batch))
     except AttributeError:  # no shape / requires_grad / dtype: not a tensor
-        return torch.stack(batch, 0)  # raises torch's TypeError
+        _refuse_non_tensors(batch, ctx, torch)
+        return torch.stack(batch, 0)
     if len(dtypes) == 1:
         dtype = elem.dtype
     else:
-        _check_tensors(batch, torch)  # a numpy dtype among them: an array, not a tensor
+        _refuse_non_tensors(batch, ctx, torch)  # a numpy dtype among them: an array, not a tensor
         dtype = _stacked_dtype(elem, dtypes, ctx, torch)
     out = tensor_from_alloc(ctx.alloc, (len(batch), *elem.shape), dtype)
     return torch.stack(batch, 0, out=out)
+
+
+def _stack_with_grad(batch: Sequence[Any], ctx: CollateContext, torch: Any) -> Any:
+    """Samples that require grad (``torch.nn.Parameter``), grad mode on: stacked as torch stacks them.
+
+    Outside a worker ``torch.stack`` records autograd: a tensor with a ``grad_fn``, off the slot.
+    In a torch-mode worker torch stacks with ``out=`` into shared memory, which autograd refuses:
+    its RuntimeError, with the field and what to do.
+    """
+    if not _in_torch_worker(ctx, torch):
+        return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
+    _refuse_non_tensors(batch, ctx, torch)  # torch's worker reads numel() of every sample first
+    index = next(i for i, sample in enumerate(batch) if sample.requires_grad)
+    raise RuntimeError(
+        f"{_OUT_GRAD_MESSAGE} (at {ctx.path}: entry {index} is a {type(batch[index]).__name__} that "
+        "requires grad; a worker stacks the samples into shared memory, as torch's workers do, and "
+        "such a stack cannot record autograd. Return detached tensors from the dataset "
+        "(param.detach()), or use num_workers=0.)"
+    )
+
+
+def _in_torch_worker(ctx: CollateContext, torch: Any) -> bool:
+    """Whether torch's ``collate_tensor_fn`` would take its worker path here: torch mode, and
+    ``torch.utils.data.get_worker_info()`` not None (a worker of ours sets it, as torch's do)."""
+    return ctx.to_torch and torch.utils.data.get_worker_info() is not None
 
 
 def _stacked_dtype(elem: Any, dtypes: set[Any], ctx: CollateContext, torch: Any) -> Any:
@@ -161,15 +196,40 @@ def _stacked_dtype(elem: Any, dtypes: set[Any], ctx: CollateContext, torch: Any)
     float64 gives float32 and ``torch.stack(..., out=)`` raises for a dtype it cannot cast (int64
     then float32). Elsewhere, and in numpy mode, ``torch.stack`` promotes.
     """
-    if ctx.to_torch and torch.utils.data.get_worker_info() is not None:
+    if _in_torch_worker(ctx, torch):
         return elem.dtype
     return functools.reduce(torch.promote_types, dtypes)
 
 
-def _check_tensors(batch: Sequence[Any], torch: Any) -> None:
-    """A non-tensor in the batch: let ``torch.stack`` raise its TypeError (for error paths)."""
-    if not all(isinstance(sample, torch.Tensor) for sample in batch):
-        torch.stack(batch, 0)
+def _refuse_non_tensors(batch: Sequence[Any], ctx: CollateContext, torch: Any) -> None:
+    """A non-tensor among a tensor field's samples: the error torch's ``collate_tensor_fn`` raises.
+
+    In a torch-mode worker torch sums ``x.numel()`` over the samples before it stacks them: the
+    AttributeError of the first sample without ``numel``, in torch's words, then the field and
+    what was mixed. Elsewhere (or for a non-tensor that has ``numel``) ``torch.stack``'s TypeError
+    ("expected Tensor as element 1 in argument 0, but got numpy.ndarray"). For error paths:
+    returns only when every sample is a tensor.
+    """
+    if all(isinstance(sample, torch.Tensor) for sample in batch):
+        return
+    if _in_torch_worker(ctx, torch):
+        for index, sample in enumerate(batch):
+            try:
+                _numel(sample)
+            except AttributeError as exc:
+                raise AttributeError(
+                    f"{exc} (at {ctx.path}: entry {index} is a {_type_name(sample)}, entry 0 a "
+                    f"{_type_name(batch[0])}; in a worker torch's default_collate counts the "
+                    "elements of every sample of a tensor field before stacking them. Make the "
+                    "field's samples all tensors, or all numpy arrays.)"
+                ) from None
+    torch.stack(batch, 0)
+
+
+def _type_name(obj: Any) -> str:
+    """``numpy.ndarray``, ``torch.Tensor``, ``list``: a sample's type as an error names it."""
+    tp = type(obj)
+    return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
 
 
 def _check_layout(elem: Any, torch: Any) -> None:
