@@ -9,8 +9,8 @@ the value and what is accepted; an explicit argument always wins and is kept as 
 options are validated by the loader in torch's words; shmloader's own options are checked here);
 an unknown ``SHMLOADER_*`` name draws one warning that suggests the closest valid variable.
 
-Two environment values only make sense with worker processes: ``SHMLOADER_PREFETCH_FACTOR`` and
-``SHMLOADER_PERSISTENT_WORKERS`` are ignored (and noted in ``Config.notes``) when the effective
+Three environment values only make sense with worker processes: ``SHMLOADER_PREFETCH_FACTOR``,
+``SHMLOADER_PERSISTENT_WORKERS`` and ``SHMLOADER_START_METHOD`` are ignored (and noted in ``Config.notes``) when the effective
 ``num_workers`` is 0, so a site-wide setting never breaks a single-process loader; passed as
 arguments they keep torch's errors.
 """
@@ -41,7 +41,7 @@ __all__ = [
 
 ENV_PREFIX = "SHMLOADER_"
 ARGUMENT, ENVIRONMENT, DEFAULT = "argument", "environment", "default"
-_WORKER_ONLY = ("prefetch_factor", "persistent_workers")
+_WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
 # Variables read elsewhere (bench, tests) that are not loader options; see register_variable().
 _OTHER_VARIABLES: dict[str, str] = {}
 
