@@ -1,9 +1,12 @@
 """Unit tests of the slot allocator and the descriptor codec: aligned regions, records checked
-against the slot before any view, the flat descriptor of in-slot arrays and its trip inside a reply."""
+against the slot before any view, the flat descriptor of in-slot arrays and its trip inside a reply,
+the main script's classes named where plain pickle refuses them."""
 
 from __future__ import annotations
 
 import gc
+import io
+import pickle
 
 import numpy as np
 import pytest
@@ -206,4 +209,113 @@ def test_codec_inlines_nested_and_quantized_tensors(ring):
     assert got["nested"].is_nested and [t.tolist() for t in got["nested"].unbind()] == [[0.0], [0.0, 1.0]]
     assert got["quantized"].is_quantized and got["quantized"].dequantize().tolist() == [2.0] * 3
     del got
+    gc.collect()
+
+
+def _copy_of_a_main_class(name: str) -> type:
+    """A class that says it is ``__main__.<name>`` but is not what ``__main__`` holds under that
+    name: what a spawned worker has once cloudpickle rebuilt the main script's class there."""
+    import collections
+
+    cls = collections.namedtuple(name, "x n")
+    cls.__module__ = "__main__"
+    return cls
+
+
+def test_codec_names_a_main_script_class_that_plain_pickle_refuses(ring, monkeypatch):
+    """The retry starts from the slot position the first try started from: the same placement and
+    the same one copy of an array held twice as a single try; the main process gets its own class."""
+    import sys
+
+    monkeypatch.setattr(codec, "_by_name", False)
+    pair = _copy_of_a_main_class("CodecPair")
+    slot, other = ring.grow(1 << 16, OWNER), ring.grow(1 << 16, OWNER)
+    x, y = np.arange(6, dtype=np.float32), np.arange(3, dtype=np.int64)
+    batch = {"a": x, "p": pair(x, 3), "b": y}  # x is copied into the slot before the class fails
+    calls: list[str] = []
+    encode_with = codec._encode_with
+    monkeypatch.setattr(codec, "_encode_with", lambda enc, *a: calls.append(enc.__name__) or encode_with(enc, *a))
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    payload, nbytes = codec.encode(batch, alloc)
+    alone = SlotAllocator(other.segment.buf, other.size_bytes)
+    assert (payload, nbytes) == encode_with(codec._NamingEncoder, batch, alone) and alloc.pos == alone.pos
+    assert nbytes == x.nbytes + y.nbytes and calls == ["_Encoder", "_NamingEncoder"] and codec._by_name
+    codec.encode(batch, SlotAllocator(other.segment.buf, other.size_bytes))
+    assert calls == ["_Encoder", "_NamingEncoder", "_NamingEncoder"]  # the failed try is paid once
+    del alloc, alone
+    with pytest.raises(pickle.UnpicklingError, match="holds __main__.CodecPair, which this process's main"):
+        codec.decode(payload, leased(ring, other), other.size_bytes)  # a data error: not a DescriptorError
+    monkeypatch.setattr(sys.modules["__main__"], "CodecPair", pair, raising=False)
+    got, views = codec.decode(payload, leased(ring, slot), slot.size_bytes)
+    assert views == 2 and type(got["p"]) is pair and got["p"].x is got["a"] and got["p"].n == 3
+    np.testing.assert_array_equal(got["a"], x)
+    np.testing.assert_array_equal(got["b"], y)
+    del got
+    gc.collect()
+
+
+def test_the_naming_encoder_describes_any_other_batch_as_the_plain_one_does(ring):
+    """Its ``persistent_id`` is a copy of ``_Encoder``'s with one test more: the same bytes, the same placement."""
+    slot = ring.grow(1 << 16, OWNER)
+    first, second = (SlotAllocator(slot.segment.buf, slot.size_bytes) for _ in range(2))
+    inside = first((4, 3), np.float32)
+    x = np.arange(6, dtype=np.float32)
+    batch: dict = {"in": inside, "x": x, "again": [x, x[::-1]], "obj": np.array([None]), "s": "a", "n": 3,
+                   "cls": SlotAllocator}
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        t = torch.arange(4.0)
+        batch.update(t=t, t_again=t, grad=torch.ones(2, requires_grad=True))
+    second.pos = first.pos
+    plain = codec._encode_with(codec._Encoder, batch, first)
+    assert codec._encode_with(codec._NamingEncoder, batch, second) == plain and first.pos == second.pos
+    del inside, first, second
+
+
+def test_codec_measures_a_main_script_class_as_it_encodes_it(monkeypatch):
+    monkeypatch.setattr(codec, "_by_name", False)
+    x = np.zeros(100, dtype=np.float64)
+    assert codec.measure([_copy_of_a_main_class("MeasuredPair")(x, x)]) == x.nbytes  # held twice: once
+    assert codec._by_name
+    assert codec.measure({"y": np.zeros(3)}) == 24
+
+
+def test_codec_keeps_the_first_error_when_naming_does_not_help(ring, monkeypatch):
+    """A local class (or lambda) pickles under no name in any process: the error is plain pickle's."""
+    monkeypatch.setattr(codec, "_by_name", False)
+
+    class Local:
+        pass
+
+    def f() -> int:
+        return 0
+
+    nameless = lambda: 0  # noqa: E731
+    for obj in (Local, f, nameless):
+        obj.__module__ = "__main__"  # as a worker's copies of the main script's are: still no name to find
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    for batch in ({"x": np.zeros(3), "c": Local()}, {"f": f}, [nameless]):
+        with pytest.raises((AttributeError, pickle.PicklingError), match="local object|lambda"):
+            codec.encode(batch, alloc)
+        with pytest.raises((AttributeError, pickle.PicklingError), match="local object|lambda"):
+            codec.measure(batch)
+    assert not codec._by_name
+    del alloc
+
+
+def test_codec_refuses_a_main_script_record_without_a_name(ring):
+    slot = ring.grow(4096, OWNER)
+
+    class Forger(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("m", 7) if obj is dict else None
+
+    buf = io.BytesIO()
+    Forger(buf, protocol=5).dump(dict)
+    with pytest.raises(DescriptorError, match="names no object of the main script"):
+        codec.decode(buf.getvalue(), leased(ring, slot), slot.size_bytes)
     gc.collect()
