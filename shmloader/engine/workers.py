@@ -278,17 +278,34 @@ class WorkerPool:
         A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
         """
         workers, self.workers = self.workers, []
-        for w in workers:
+        try:
+            for w in workers:
+                try:
+                    w.send(None)  # behind any task still in its outbox: a busy worker is terminated
+                except (BrokenPipeError, OSError):
+                    pass
+            deadline = time.monotonic() + grace_s
+            for w in workers:
+                w.process.join(max(0.0, deadline - time.monotonic()))
+        finally:  # a Ctrl-C during the polite part: off the list already, so stopped here or never
+            _reap_all(workers)
+
+
+def _reap_all(workers: list[WorkerHandle]) -> None:
+    """Reap every worker, even through KeyboardInterrupts (re-raised once all are joined): an
+    interrupted reap would leave a worker running that nothing knows of any more. Each reap is
+    bounded (SIGTERM, then SIGKILL)."""
+    interrupt: BaseException | None = None
+    for w in workers:
+        while True:
             try:
-                w.send(None)  # behind any task still in its outbox: a busy worker is terminated
-            except (BrokenPipeError, OSError):
-                pass
-        deadline = time.monotonic() + grace_s
-        for w in workers:
-            w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            _reap(w)
-            logger.info("worker %d exited (pid %s, exit code %s)", w.id, w.pid, w.process.exitcode)
+                _reap(w)
+                break
+            except KeyboardInterrupt as exc:
+                interrupt = interrupt or exc
+        logger.info("worker %d exited (pid %s, exit code %s)", w.id, w.pid, w.process.exitcode)
+    if interrupt is not None:
+        raise interrupt
 
 
 def _reap(w: WorkerHandle) -> None:
