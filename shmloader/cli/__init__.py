@@ -5,4 +5,5 @@ torch's DataLoader in repeated rounds: :mod:`~shmloader.cli.bench` (the run), ``
 command line), ``measure`` (one measurement), ``workloads``, ``copylimit`` (the collate copy alone),
 ``records`` (records and the statistics over rounds), ``report`` (tables, JSON), ``plot``,
 ``progress``; and ``bench --train``: :mod:`~shmloader.cli.train` with ``trainstep`` (the model,
-the step and its three feeds)."""
+the step and its three feeds). :mod:`~shmloader.cli.interrupt`: the Ctrl-C handling every command
+runs under."""
