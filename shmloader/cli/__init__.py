@@ -1,6 +1,7 @@
 """The command line behind ``python -m shmloader``.
 
-``doctor`` (machine checks and the sweep of dead owners' segments); ``bench``, shmloader beside
+``doctor`` (machine checks and the sweep of dead owners' segments; ``doctor_config``, its checks of
+the ``SHMLOADER_*`` variables; ``findings``, what it reports); ``bench``, shmloader beside
 torch's DataLoader in repeated rounds: :mod:`~shmloader.cli.bench` (the run), ``options`` (its
 command line), ``measure`` (one measurement), ``workloads``, ``copylimit`` (the collate copy alone),
 ``records`` (records and the statistics over rounds), ``report`` (tables, JSON), ``plot``,
