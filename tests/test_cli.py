@@ -223,6 +223,29 @@ def test_doctor_flags_a_pin_backend_that_cannot_work_here(pin_memory: str, statu
     assert "SHMLOADER_PIN_BACKEND" in finding.remedy
 
 
+@pytest.mark.parametrize("workers, slot_bytes, hint", [
+    (None, None, " (guessed: workers, slot size; pass --workers/--slot-bytes)"),
+    (None, 4096, " (guessed: workers; pass --workers)"),
+    (2, None, " (guessed: slot size; pass --slot-bytes)"),
+    (2, 4096, ""),
+])  # fmt: skip
+def test_doctor_says_which_part_of_the_ring_plan_is_guessed(workers, slot_bytes, hint: str) -> None:
+    from shmloader.config import Config
+
+    plan = doctor.plan_ring(Config(), workers, None, slot_bytes)
+    assert plan.describe().endswith(f"= {doctor.format_bytes(plan.ring_bytes)}{hint}")
+    assert plan.guessed == bool(hint)
+
+
+@pytest.mark.timeout(60)
+def test_doctor_with_slot_bytes_given_does_not_call_it_a_guess(tmp_path) -> None:
+    result = run_cli("doctor", "--slot-bytes", "4KiB", SHMLOADER_SHM_DIR=str(tmp_path))
+    plan = result.stdout.splitlines()[0]
+    assert "4.0 KiB" in plan and "--slot-bytes" not in plan and "pass --workers" in plan
+    body = json.loads(run_cli("doctor", "--json", "--slot-bytes", "4KiB", SHMLOADER_SHM_DIR=str(tmp_path)).stdout)
+    assert body["ring"]["guessed"] is True and body["ring"]["guessed_parts"] == ["workers"]
+
+
 @pytest.mark.timeout(60)
 def test_doctor_rejects_a_bad_size_option() -> None:
     result = run_cli("doctor", "--slot-bytes", "big")

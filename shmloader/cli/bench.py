@@ -78,9 +78,11 @@ def _check_requirements(opts: Options) -> Options:
     if opts.device != "cpu":
         if not torch_ok:
             raise UsageError(f"--device {opts.device} needs torch, which is not installed")
+        if _device_type(opts.device) == "cpu":
+            return _check_requirements(replace(opts, device="cpu"))
         import torch
 
-        if not opts.device.startswith("cuda") or not torch.cuda.is_available():
+        if not torch.cuda.is_available():
             raise UsageError(f"--device {opts.device}: CUDA is not available on this machine "
                              "(torch.cuda.is_available() is False); run without --device")  # fmt: skip
     if "shmloader" in opts.loaders and shmloader_loader_class() is None:
@@ -90,6 +92,20 @@ def _check_requirements(opts: Options) -> Options:
         print("shmloader bench: torch is not installed; timing shmloader alone", file=sys.stderr)
         opts = replace(opts, loaders=("shmloader",))
     return opts
+
+
+def _device_type(device: str) -> str:
+    """``cpu`` or ``cuda``, as torch parses ``device``; a UsageError naming it for anything else."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {device!r} is not a device torch knows ({exc}); "
+                         "use cpu, cuda or cuda:N") from None
+    if kind not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: only cpu and cuda are supported, not {kind}")
+    return kind
 
 
 def _torch_available() -> bool:

@@ -39,14 +39,25 @@ _GUESS_MAX_WORKERS = 8
 _MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "hugetlbfs")
 
 
+# What plan_ring may have to guess -> (its words, the doctor option that gives it).
+_GUESSABLE = {"workers": ("workers", "--workers"), "slot_bytes": ("slot size", "--slot-bytes")}
+
+
 @dataclass(frozen=True)
 class RingPlan:
-    """The ring a configuration needs: ``transport.preflight.ring_slots`` slots of ``slot_bytes``."""
+    """The ring a configuration needs: ``transport.preflight.ring_slots`` slots of ``slot_bytes``.
+
+    ``guessed_parts``: which of ``workers`` and ``slot_bytes`` neither an option nor the
+    configuration gave (:func:`plan_ring` guessed them); :meth:`describe` names those alone."""
 
     workers: int
     prefetch_factor: int
     slot_bytes: int
-    guessed: bool = False
+    guessed_parts: tuple[str, ...] = ()
+
+    @property
+    def guessed(self) -> bool:
+        return bool(self.guessed_parts)
 
     @property
     def slots(self) -> int:
@@ -59,7 +70,10 @@ class RingPlan:
     def describe(self) -> str:
         text = (f"{self.workers} workers x prefetch {self.prefetch_factor} + {CONSUMER_SLOTS} = "
                 f"{self.slots} slots x {format_bytes(self.slot_bytes)} = {format_bytes(self.ring_bytes)}")
-        return text + (" (a guess: pass --workers/--prefetch-factor/--slot-bytes)" if self.guessed else "")
+        if not self.guessed:
+            return text
+        words = ", ".join(_GUESSABLE[part][0] for part in self.guessed_parts)
+        return text + f" (guessed: {words}; pass {'/'.join(_GUESSABLE[part][1] for part in self.guessed_parts)})"
 
 
 def format_bytes(n: float) -> str:
@@ -80,18 +94,20 @@ def usable_cpus() -> int:
 
 def plan_ring(config: Config, workers: int | None, prefetch: int | None, slot_bytes: int | None) -> RingPlan:
     """The ring to check: options given > the configuration > a guess (usable CPUs, 64 MiB slots)."""
-    guessed = False
+    guessed: list[str] = []
     if workers is None:
         workers = config.num_workers
         if workers == 0:
-            workers, guessed = min(usable_cpus(), _GUESS_MAX_WORKERS), True
+            workers = min(usable_cpus(), _GUESS_MAX_WORKERS)
+            guessed.append("workers")
     if prefetch is None:
         prefetch = config.prefetch_factor or 2
     if slot_bytes is None:
         slot_bytes = config.slot_bytes
         if slot_bytes == 0:
-            slot_bytes, guessed = GUESS_SLOT_BYTES, True
-    return RingPlan(workers, prefetch, slot_bytes, guessed)
+            slot_bytes = GUESS_SLOT_BYTES
+            guessed.append("slot_bytes")
+    return RingPlan(workers, prefetch, slot_bytes, tuple(guessed))
 
 
 # -- the checks ------------------------------------------------------------------------------------
@@ -335,7 +351,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     plan, found = run_checks(os.environ if environ is None else environ, args.workers,
                              args.prefetch_factor, args.slot_bytes, args.clean)
     if args.json:
-        body = {"ring": {**asdict(plan), "slots": plan.slots, "ring_bytes": plan.ring_bytes},
+        ring = {**asdict(plan), "guessed": plan.guessed, "slots": plan.slots, "ring_bytes": plan.ring_bytes}
+        body = {"ring": ring,
                 "findings": [asdict(f) for f in found]}
         print(json.dumps(body, indent=2))
     else:
