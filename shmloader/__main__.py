@@ -4,13 +4,18 @@ Owns: the command line (argument parsing, output, exit codes). Runs in its own p
 ``config`` prints each option's effective value, its source (argument, environment, default) and
 its variable, or JSON with ``--json``; ``doctor`` prints findings with remedies and exits 1 when
 one is a problem (see :mod:`shmloader.cli.doctor`); ``bench`` hands the rest of the command line to
-``shmloader.cli.bench.main`` (``bench --train``: the end-to-end training benchmark). A bad ``SHMLOADER_*`` value exits 2 with the error's message. torch is
-imported only by ``doctor`` (to report it) and by whatever ``bench`` needs.
+``shmloader.cli.bench.main`` (``bench --train``: the end-to-end training benchmark). A bad
+``SHMLOADER_*`` value exits 2 with the error's message. Ctrl-C (KeyboardInterrupt) during any
+command prints ``python -m shmloader: interrupted`` on stderr and exits 130, with no traceback; the
+commands close what they started on the way out (``bench``'s loaders and copy-limit processes), a
+second Ctrl-C being held back until that is done (:mod:`shmloader.cli.interrupt`). torch
+is imported only by ``doctor`` (to report it) and by whatever ``bench`` needs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import sys
@@ -18,12 +23,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from shmloader.cli import doctor
+from shmloader.cli.interrupt import ctrl_c_handled
 from shmloader.config import describe, resolve_config
 from shmloader.errors import ConfigError
 
 __all__ = ["main"]
 
 _PROG = "python -m shmloader"
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,8 +78,21 @@ def _bench(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns its exit code (0 ok, 1 doctor found a problem, 2 usage or config error)."""
-    args_in = list(sys.argv[1:] if argv is None else argv)
+    """Run one command; returns its exit code (0 ok, 1 doctor found a problem, 2 usage or config
+    error, 130 interrupted: Ctrl-C is one line on stderr, not a traceback)."""
+    with ctrl_c_handled():
+        try:
+            return _command(list(sys.argv[1:] if argv is None else argv))
+        except KeyboardInterrupt:
+            pass
+        # Out of the except block: the traceback, which held the frames of whatever was running, is
+        # gone; what the commands did not close themselves is finalized now, not at interpreter exit.
+        gc.collect()
+    print(f"{_PROG}: interrupted", file=sys.stderr)
+    return INTERRUPTED
+
+
+def _command(args_in: list[str]) -> int:
     if args_in[:1] == ["bench"]:
         return _bench(args_in[1:])
     parser = _parser()

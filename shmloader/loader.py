@@ -366,6 +366,7 @@ class DataLoader(Generic[T_co]):
                         prefetch_factor=self.prefetch_factor or 0)
 
     def _warn_pinning(self) -> None:
+        pinning.check_requested(self)  # a bad SHMLOADER_PIN_BACKEND raises with workers or without
         if self.pin_memory and self.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                           f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)

@@ -186,6 +186,17 @@ def test_device_cuda_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) ->
     assert "CUDA is not available" in err or not _torch_installed()
 
 
+@needs_torch
+@pytest.mark.parametrize("device, words", [("nonsense", "not a device torch knows"),
+                                           ("cuda:x", "not a device torch knows"),
+                                           ("meta", "only cpu and cuda")])
+def test_a_device_torch_cannot_parse_is_named_and_exits_2(device: str, words: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    assert bench.main(["--device", device, "--workloads", "tiny", "--batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--device {device!r}" in err and words in err and "CUDA is not available" not in err
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -179,6 +179,74 @@ def test_doctor_counts_an_unknown_variable_as_a_warning(tmp_path) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, bad, good", [("SHMLOADER_DISABLE_PLUGIN_AUTOLOAD", "maybe", "1"),
+                                             ("SHMLOADER_PIN_BACKEND", "bogus", "mlock")])
+def test_doctor_flags_a_bad_variable_that_is_not_a_loader_option(tmp_path, name: str, bad: str, good: str) -> None:
+    env = {"SHMLOADER_SHM_DIR": str(tmp_path)}
+    result = run_cli("doctor", *SMALL_RING, **env, **{name: bad})
+    assert result.returncode == 1, result.stdout
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("[problem] config")]
+    assert f"{name}={bad!r}" in line and f"remedy: fix or unset {name}" in result.stdout
+    assert run_cli("doctor", *SMALL_RING, **env, **{name: good}).returncode == 0
+
+
+def test_doctor_parses_those_variables_with_the_library_s_own_code(monkeypatch) -> None:
+    from shmloader.errors import ConfigError
+    from shmloader.gpu import pinning
+    from shmloader.plugins import autoload_enabled
+
+    env = {"SHMLOADER_PIN_BACKEND": " Bogus", "SHMLOADER_DISABLE_PLUGIN_AUTOLOAD": "maybe"}
+    expected = []
+    for read in (lambda: autoload_enabled(env), lambda: pinning.requested_backend(environ=env)):
+        with pytest.raises(ConfigError) as info:
+            read()
+        expected.append(str(info.value))
+    _, found = doctor.run_checks(env, 1, 1, 4096)
+    assert [f.message for f in found if f.status == "problem" and f.check == "config"] == expected
+
+    def stand_in(name: str | None = None, environ: object = None) -> str:
+        raise ConfigError("the library's answer", name="SHMLOADER_PIN_BACKEND")
+
+    monkeypatch.setattr(pinning, "requested_backend", stand_in)
+    _, found = doctor.run_checks({}, 1, 1, 4096)
+    assert "the library's answer" in [f.message for f in found]  # doctor has no parser of its own
+
+
+@pytest.mark.skipif(__import__("shmloader.gpu.pinning").gpu.pinning.accelerator_available(),
+                    reason="this machine has an accelerator")
+@pytest.mark.parametrize("pin_memory, status", [("0", "warning"), ("1", "problem")])
+def test_doctor_flags_a_pin_backend_that_cannot_work_here(pin_memory: str, status: str) -> None:
+    env = {"SHMLOADER_PIN_BACKEND": "torch", "SHMLOADER_PIN_MEMORY": pin_memory}
+    _, found = doctor.run_checks(env, 1, 1, 4096)
+    (finding,) = [f for f in found if f.check == "pin backend"]
+    assert finding.status == status and "sees no CUDA device" in finding.message
+    assert "SHMLOADER_PIN_BACKEND" in finding.remedy
+
+
+@pytest.mark.parametrize("workers, slot_bytes, hint", [
+    (None, None, " (guessed: workers, slot size; pass --workers/--slot-bytes)"),
+    (None, 4096, " (guessed: workers; pass --workers)"),
+    (2, None, " (guessed: slot size; pass --slot-bytes)"),
+    (2, 4096, ""),
+])  # fmt: skip
+def test_doctor_says_which_part_of_the_ring_plan_is_guessed(workers, slot_bytes, hint: str) -> None:
+    from shmloader.config import Config
+
+    plan = doctor.plan_ring(Config(), workers, None, slot_bytes)
+    assert plan.describe().endswith(f"= {doctor.format_bytes(plan.ring_bytes)}{hint}")
+    assert plan.guessed == bool(hint)
+
+
+@pytest.mark.timeout(60)
+def test_doctor_with_slot_bytes_given_does_not_call_it_a_guess(tmp_path) -> None:
+    result = run_cli("doctor", "--slot-bytes", "4KiB", SHMLOADER_SHM_DIR=str(tmp_path))
+    plan = result.stdout.splitlines()[0]
+    assert "4.0 KiB" in plan and "--slot-bytes" not in plan and "pass --workers" in plan
+    body = json.loads(run_cli("doctor", "--json", "--slot-bytes", "4KiB", SHMLOADER_SHM_DIR=str(tmp_path)).stdout)
+    assert body["ring"]["guessed"] is True and body["ring"]["guessed_parts"] == ["workers"]
+
+
+@pytest.mark.timeout(60)
 def test_doctor_rejects_a_bad_size_option() -> None:
     result = run_cli("doctor", "--slot-bytes", "big")
     assert result.returncode == 2 and "'big' is not a size" in result.stderr

@@ -338,6 +338,36 @@ def test_without_accelerator_warns_once_and_batches_are_correct(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
+        num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv(pinning.ENV_BACKEND, "Bogus")
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True)
+    for _attempt in range(2):  # and again at the next iter(), not only the first
+        with pytest.raises(ConfigError) as info:
+            iter(loader)
+        assert str(info.value) == ("SHMLOADER_PIN_BACKEND='Bogus' is not a pin backend; expected one of "
+                                   "auto, torch, cupy, mlock, fake, none")  # fmt: skip
+        assert (info.value.name, info.value.value) == (pinning.ENV_BACKEND, "Bogus")
+    loader.close()
+    unpinned = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers)  # the variable is not read
+    assert len(list(unpinned)) == ROWS // 8
+    unpinned.close()
+
+
+@pytest.mark.skipif(pinning.accelerator_available(), reason="this machine has an accelerator")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_pin_backend_that_cannot_work_here_is_an_error_with_or_without_workers(
+        num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv(pinning.ENV_BACKEND, "torch")
+    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True)
+    with pytest.raises(ConfigError, match="pin backend 'torch' was asked for .* sees no CUDA device"):
+        iter(loader)
+    loader.close()
+
+
+@pytest.mark.timeout(60)
 def test_pin_memory_device_is_deprecated_as_in_torch(fake: FakeBackend) -> None:
     loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
                                   pin_memory_device="cuda:0")

@@ -156,6 +156,17 @@ def test_dataset_samples_and_pickles_without_its_cache() -> None:
         dataset[20]
 
 
+@pytest.mark.parametrize("image_size", [1, 2])
+def test_a_flipped_image_is_a_real_copy_whatever_its_size(image_size: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr("random.random", lambda: 0.0)  # every sample flipped
+    dataset = SyntheticImages(length=4, image_size=image_size)
+    image, _ = dataset[0]
+    assert image.flags.c_contiguous and image.flags.owndata and min(image.strides) >= 0
+    assert torch.from_numpy(image).shape == (image_size, image_size, 3)  # torch refuses negative strides
+    np.testing.assert_array_equal(image, dataset._make_image(0)[:, ::-1])
+
+
 def test_small_model_step_changes_the_weights() -> None:
     model, text = load_model("small")
     assert text == "small CNN"

@@ -19,7 +19,8 @@ shmloader/torch; per shmloader row at ``max(--workers)``, its fraction of each c
 training loop would, and a table of host-to-device copy bandwidth by source buffer is added.
 
 Exit status: 0 when every measurement succeeded, 1 when one failed (it is reported and the rest
-still run), 2 for a usage error or a missing requirement (no CUDA for ``--device cuda``).
+still run) or the figure could not be written, 2 for a usage error or a missing requirement (no
+CUDA for ``--device cuda``; a ``--plot`` path that cannot be written, found before the run).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from shmloader.cli import plot
 from shmloader.cli.copylimit import measure_copy_limit, ring_buffers_per_process
 from shmloader.cli.measure import measure, shmloader_loader_class
 from shmloader.cli.options import Options, parse_args
@@ -76,9 +78,11 @@ def _check_requirements(opts: Options) -> Options:
     if opts.device != "cpu":
         if not torch_ok:
             raise UsageError(f"--device {opts.device} needs torch, which is not installed")
+        if _device_type(opts.device) == "cpu":
+            return _check_requirements(replace(opts, device="cpu"))
         import torch
 
-        if not opts.device.startswith("cuda") or not torch.cuda.is_available():
+        if not torch.cuda.is_available():
             raise UsageError(f"--device {opts.device}: CUDA is not available on this machine "
                              "(torch.cuda.is_available() is False); run without --device")  # fmt: skip
     if "shmloader" in opts.loaders and shmloader_loader_class() is None:
@@ -88,6 +92,20 @@ def _check_requirements(opts: Options) -> Options:
         print("shmloader bench: torch is not installed; timing shmloader alone", file=sys.stderr)
         opts = replace(opts, loaders=("shmloader",))
     return opts
+
+
+def _device_type(device: str) -> str:
+    """``cpu`` or ``cuda``, as torch parses ``device``; a UsageError naming it for anything else."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {device!r} is not a device torch knows ({exc}); "
+                         "use cpu, cuda or cuda:N") from None
+    if kind not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: only cpu and cuda are supported, not {kind}")
+    return kind
 
 
 def _torch_available() -> bool:
@@ -115,9 +133,9 @@ def _run(opts: Options) -> int:
         for r in range(opts.repeat):
             _run_round(opts, r, progress, results, limits, rings)
         h2d = _bandwidth_table(opts, progress) if opts.device != "cpu" else []
-    _emit(opts, header, results, limits, rings, h2d)
+    plotted = _emit(opts, header, results, limits, rings, h2d)
     failed = any(not m.ok or m.leftover_children for m in results) or any(not c.ok for c in limits + rings)
-    return 1 if failed else 0
+    return 1 if failed or not plotted else 0
 
 
 def _run_round(opts: Options, r: int, progress: Progress, results: list[Measurement],
@@ -182,7 +200,9 @@ def _hook_costs() -> str:
 
 
 def _emit(opts: Options, header: dict[str, Any], results: list[Measurement], limits: list[CopyLimitRun],
-          rings: list[CopyLimitRun], h2d: list[Bandwidth]) -> None:  # fmt: skip
+          rings: list[CopyLimitRun], h2d: list[Bandwidth]) -> bool:  # fmt: skip
+    """Print the tables, then the JSON document (``--json``), then draw the figure (``--plot``):
+    a figure that cannot be written costs the figure alone. False when it could not be written."""
     human = sys.stderr if opts.json else sys.stdout
     text = format_header(header) + "\n\n" + format_results(results, limits, rings)
     if limits or rings:
@@ -190,14 +210,18 @@ def _emit(opts: Options, header: dict[str, Any], results: list[Measurement], lim
     if h2d:
         text += "\n\n" + format_bandwidth(h2d)
     print(text, file=human)
-    if opts.plot:
-        from shmloader.cli.plot import write_plot
-
-        title = f"shmloader vs torch, {header['affinity_cpus']} cpus, {opts.start_method}"
-        write_plot(results, opts.plot, title, out=human)
     if opts.json:
         json.dump(to_json_document(header, results, limits, h2d, rings), sys.stdout, indent=2)
-        print(file=sys.stdout)
+        print(file=sys.stdout, flush=True)
+    if not opts.plot:
+        return True
+    title = f"shmloader vs torch, {header['affinity_cpus']} cpus, {opts.start_method}"
+    try:
+        plot.write_plot(results, opts.plot, title, out=human)
+    except (OSError, ValueError, RuntimeError) as exc:  # the path was checked up front; the disk may still fail
+        print(f"shmloader bench: --plot: could not write {opts.plot}: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _bandwidth_table(opts: Options, progress: Progress) -> list[Bandwidth]:

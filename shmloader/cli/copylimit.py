@@ -23,20 +23,24 @@ Promises: every buffer is allocated and written once before the barrier (a share
 as soon as it is mapped, so none outlives its process); all processes start their
 clocks after one barrier, and the run is timed from the earliest start to the latest end
 (``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process);
-:func:`measure_copy_limit` never raises and leaves no process behind (each is joined, or killed
-after :data:`_JOIN_TIMEOUT_S`).
+:func:`measure_copy_limit` raises no Exception and leaves no process behind (each is joined, or
+killed after :data:`_JOIN_TIMEOUT_S`, or at once when one fails or the main process gets a
+KeyboardInterrupt, which then goes on up once they are joined; the processes ignore SIGINT,
+Ctrl-C being the main process's to act on).
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import signal
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
+from shmloader.cli.interrupt import shielded
 from shmloader.cli.records import CopyLimitRun
 from shmloader.cli.workloads import Workload
 from shmloader.config import resolve_config
@@ -98,10 +102,15 @@ def _run_processes(workload: Workload, processes: int, per_process: int, start_m
         for _, send in pipes:
             send.close()  # the children hold their ends; EOF then means a child died
         return [_receive(recv, proc) for (recv, _), proc in zip(pipes, procs)]
+    except BaseException:  # a process failed, or Ctrl-C: the others' results are no use, stop them now
+        with shielded():
+            _kill(procs)
+        raise
     finally:
-        _reap(procs)
-        for recv, _ in pipes:
-            recv.close()
+        with shielded():  # a Ctrl-C now waits until every process is joined
+            _reap(procs)
+            for recv, _ in pipes:
+                recv.close()
 
 
 def _receive(recv: Connection, proc: Any) -> tuple[float, float]:
@@ -126,10 +135,18 @@ def _reap(procs: list[Any]) -> None:
             proc.join()
 
 
+def _kill(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.pid is not None and proc.is_alive():
+            proc.kill()
+
+
 def _stack_loop(workload: Workload, batches: int, buffers: int, barrier: Any, send: Connection,
                 shm_dir: str | None = None) -> None:  # fmt: skip
     """In a copy-limit process: stack ``batches`` batches after the barrier, batch ``k`` into
-    buffer ``k % buffers`` (private memory, or segments of ``shm_dir``); send (start, end)."""
+    buffer ``k % buffers`` (private memory, or segments of ``shm_dir``); send (start, end).
+    Ctrl-C is the main process's to act on (it kills this process), so SIGINT is ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     dataset = workload.dataset(1)
     samples = [dataset[i] for i in range(workload.batch_size)]
     columns = [[s[k] for s in samples] for k in range(len(workload.fields))] if len(workload.fields) > 1 \

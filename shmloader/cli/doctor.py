@@ -1,6 +1,8 @@
 """``python -m shmloader doctor``: checks of the machine against what a loader will need.
 
-Owns: the checks (the configuration: a bad ``SHMLOADER_*`` value is a problem, an unknown
+Owns: the checks (the configuration, in :mod:`shmloader.cli.doctor_config`: a bad ``SHMLOADER_*``
+value is a problem, loader option or not (``SHMLOADER_PIN_BACKEND``,
+``SHMLOADER_DISABLE_PLUGIN_AUTOLOAD``), parsed by the library's own code, an unknown
 ``SHMLOADER_*`` name a warning; shared-memory directory size and free bytes against the ring a
 configuration needs, its page size (a tmpfs's ``huge=``), RLIMIT_MEMLOCK for page locking, start methods, CPUs, torch/cupy/CUDA,
 segments left by dead owners) and their findings, each with a remedy. Runs in the CLI process only; torch and cupy are
@@ -17,45 +19,45 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import psutil
 
+from shmloader.cli.doctor_config import check_configuration
+from shmloader.cli.findings import INFO, OK, PROBLEM, WARNING, Finding
 from shmloader.cli.options import int_at_least
-from shmloader.config import Config, ConfigWarning, resolve_config
+from shmloader.config import Config
 from shmloader.config_fields import parse_size
-from shmloader.errors import ConfigError
 from shmloader.transport.preflight import CONSUMER_SLOTS, ring_slots
 from shmloader.transport.sweep import leftovers, sweep_dead_segments
 
 __all__ = ["Finding", "RingPlan", "plan_ring", "run_checks", "format_findings", "add_arguments", "run"]
 
-OK, INFO, WARNING, PROBLEM = "ok", "info", "warning", "problem"
 GUESS_SLOT_BYTES = 64 * 1024**2
 _GUESS_MAX_WORKERS = 8
 _MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "hugetlbfs")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One check's outcome: ``status`` is ok, info, warning or problem; ``remedy`` what to change."""
-
-    check: str
-    status: str
-    message: str
-    remedy: str = ""
+# What plan_ring may have to guess -> (its words, the doctor option that gives it).
+_GUESSABLE = {"workers": ("workers", "--workers"), "slot_bytes": ("slot size", "--slot-bytes")}
 
 
 @dataclass(frozen=True)
 class RingPlan:
-    """The ring a configuration needs: ``transport.preflight.ring_slots`` slots of ``slot_bytes``."""
+    """The ring a configuration needs: ``transport.preflight.ring_slots`` slots of ``slot_bytes``.
+
+    ``guessed_parts``: which of ``workers`` and ``slot_bytes`` neither an option nor the
+    configuration gave (:func:`plan_ring` guessed them); :meth:`describe` names those alone."""
 
     workers: int
     prefetch_factor: int
     slot_bytes: int
-    guessed: bool = False
+    guessed_parts: tuple[str, ...] = ()
+
+    @property
+    def guessed(self) -> bool:
+        return bool(self.guessed_parts)
 
     @property
     def slots(self) -> int:
@@ -68,7 +70,10 @@ class RingPlan:
     def describe(self) -> str:
         text = (f"{self.workers} workers x prefetch {self.prefetch_factor} + {CONSUMER_SLOTS} = "
                 f"{self.slots} slots x {format_bytes(self.slot_bytes)} = {format_bytes(self.ring_bytes)}")
-        return text + (" (a guess: pass --workers/--prefetch-factor/--slot-bytes)" if self.guessed else "")
+        if not self.guessed:
+            return text
+        words = ", ".join(_GUESSABLE[part][0] for part in self.guessed_parts)
+        return text + f" (guessed: {words}; pass {'/'.join(_GUESSABLE[part][1] for part in self.guessed_parts)})"
 
 
 def format_bytes(n: float) -> str:
@@ -89,18 +94,20 @@ def usable_cpus() -> int:
 
 def plan_ring(config: Config, workers: int | None, prefetch: int | None, slot_bytes: int | None) -> RingPlan:
     """The ring to check: options given > the configuration > a guess (usable CPUs, 64 MiB slots)."""
-    guessed = False
+    guessed: list[str] = []
     if workers is None:
         workers = config.num_workers
         if workers == 0:
-            workers, guessed = min(usable_cpus(), _GUESS_MAX_WORKERS), True
+            workers = min(usable_cpus(), _GUESS_MAX_WORKERS)
+            guessed.append("workers")
     if prefetch is None:
         prefetch = config.prefetch_factor or 2
     if slot_bytes is None:
         slot_bytes = config.slot_bytes
         if slot_bytes == 0:
-            slot_bytes, guessed = GUESS_SLOT_BYTES, True
-    return RingPlan(workers, prefetch, slot_bytes, guessed)
+            slot_bytes = GUESS_SLOT_BYTES
+            guessed.append("slot_bytes")
+    return RingPlan(workers, prefetch, slot_bytes, tuple(guessed))
 
 
 # -- the checks ------------------------------------------------------------------------------------
@@ -289,40 +296,10 @@ def check_leftovers(shm_dir: str, clean: bool) -> list[Finding]:
     return found
 
 
-def _resolve_reporting(environ: Mapping[str, str]) -> tuple[Config, list[Finding]]:
-    """Resolve the configuration; each bad variable becomes a problem and is then left out, and
-    each configuration warning (an unknown ``SHMLOADER_*`` name) becomes a warning finding, counted
-    in the summary, instead of a line on stderr."""
-    env = dict(environ)
-    found: list[Finding] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigWarning)
-        config = _resolve_leaving_out_bad(env, found)
-    messages = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConfigWarning)))
-    found[:0] = [Finding("config", WARNING, text, _CONFIG_WARNING_REMEDY) for text in messages]
-    for w in caught:  # anything else is not ours to swallow
-        if not issubclass(w.category, ConfigWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return config, found
-
-
-_CONFIG_WARNING_REMEDY = "fix the variable's name or unset it ('python -m shmloader config' lists the valid ones)"
-
-
-def _resolve_leaving_out_bad(env: dict[str, str], found: list[Finding]) -> Config:
-    while True:
-        try:
-            return resolve_config({}, env)
-        except ConfigError as exc:
-            found.append(Finding("config", PROBLEM, str(exc), f"fix or unset {exc.name}"))
-            if env.pop(exc.name, None) is None:
-                return Config()
-
-
 def run_checks(environ: Mapping[str, str], workers: int | None = None, prefetch: int | None = None,
                slot_bytes: int | None = None, clean: bool = False) -> tuple[RingPlan, list[Finding]]:
     """Every check, in the order printed; returns the ring plan checked and the findings."""
-    config, found = _resolve_reporting(environ)
+    config, found = check_configuration(environ)
     plan = plan_ring(config, workers, prefetch, slot_bytes)
     found += check_shm_dir(config.shm_dir, plan)
     found.append(check_huge_pages(config.shm_dir))
@@ -374,7 +351,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     plan, found = run_checks(os.environ if environ is None else environ, args.workers,
                              args.prefetch_factor, args.slot_bytes, args.clean)
     if args.json:
-        body = {"ring": {**asdict(plan), "slots": plan.slots, "ring_bytes": plan.ring_bytes},
+        ring = {**asdict(plan), "guessed": plan.guessed, "slots": plan.slots, "ring_bytes": plan.ring_bytes}
+        body = {"ring": ring,
                 "findings": [asdict(f) for f in found]}
         print(json.dumps(body, indent=2))
     else:

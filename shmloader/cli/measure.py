@@ -11,9 +11,9 @@ One measurement is one epoch of exactly ``warmup + batches`` batches:
   seconds (``time.perf_counter``) and the main process's CPU seconds (``time.process_time``: every
   thread of this process, the consumer's page touching included, worker processes not) over them.
 
-Promises: :func:`measure` never raises (a failure becomes the record's ``error``); when it returns,
-the loader is closed, dropped and garbage-collected, and the child processes still alive are
-counted in the record.
+Promises: :func:`measure` raises no Exception (a failure becomes the record's ``error``); when it
+returns, the loader is closed, dropped and garbage-collected, and the child processes still alive
+are counted in the record. A KeyboardInterrupt (Ctrl-C) goes on up once the loader is closed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from shmloader.cli.interrupt import shielded
 from shmloader.cli.options import Options
 from shmloader.cli.records import Measurement
 from shmloader.cli.workloads import Workload, deliver, touch_batch
@@ -51,6 +52,9 @@ def measure(name: str, workload: Workload, num_workers: int, opts: Options,
         epoch = time_epoch(deliver(name, loader, opts.device), opts, batches)
     except Exception as exc:  # reported in the table; the other measurements still run
         error = _describe(exc)
+    except BaseException:  # Ctrl-C: close the loader (workers, segments) before it goes up
+        _close_reporting(loader)
+        raise
     # After the except block, so that no traceback still holds the iterator and its workers.
     close_error = _close_reporting(loader)
     del loader
@@ -108,10 +112,12 @@ def shmloader_loader_class() -> Any:
 
 
 def close_loader(loader: Any) -> None:
-    """``loader.close()`` where it exists; torch's loader is released by dropping it instead."""
+    """``loader.close()`` where it exists; torch's loader is released by dropping it instead.
+    A Ctrl-C meanwhile is held back until the loader is closed (:func:`shmloader.cli.interrupt.shielded`)."""
     close = getattr(loader, "close", None)
     if callable(close):
-        close()
+        with shielded():
+            close()
 
 
 def time_epoch(source: Iterable[Any], opts: Options, batches: int) -> Epoch:

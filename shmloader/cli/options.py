@@ -2,7 +2,10 @@
 
 Owns :class:`Options` (the parsed command line, frozen) and :func:`parse_args`. Runs in the
 benchmark's main process. Promises: a bad value exits through argparse with status 2 and a message
-that names the option and the value; nothing here imports torch or starts a process.
+that names the option and the value, before anything is measured (``--plot``: matplotlib missing,
+a directory that does not exist or cannot be written, a format matplotlib cannot write); nothing
+here imports torch or starts a process, nor matplotlib unless a ``--plot`` extension is not one
+of :data:`shmloader.cli.plot.CORE_FORMATS`.
 ``--train`` is listed here for ``--help`` only: :func:`shmloader.cli.bench.main` hands a command
 line that holds it to :mod:`shmloader.cli.train` before this parser sees it.
 """
@@ -13,6 +16,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shmloader.cli.plot import plot_target
 from shmloader.cli.records import SPREAD_RULE
 from shmloader.cli.workloads import WORKLOADS, Workload
 
@@ -35,7 +39,7 @@ class Options:
     json: bool
     loaders: tuple[str, ...]
     start_method: str
-    plot: str | None
+    plot: str | None  # the file to write, extension included (cli/plot.py's plot_target)
     device: str
     epoch_bars: bool = False  # a tqdm bar per shmloader epoch, through the Progress observer plugin
     repeat: int = 1  # rounds; each round measures every case once, the loaders' order alternating
@@ -68,7 +72,7 @@ def parse_args(argv: list[str] | None) -> Options:
         json=ns.json,
         loaders=loaders,
         start_method=ns.start_method,
-        plot=ns.plot,
+        plot=_parse_plot(parser, ns.plot),
         device=ns.device,
         epoch_bars=ns.epoch_bars,
         repeat=ns.repeat,
@@ -108,8 +112,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-shmloader", action="store_true", help="measure torch only")
     p.add_argument("--start-method", choices=START_METHODS, default="fork",
                    help="multiprocessing_context of both loaders (default: fork)")
-    p.add_argument("--plot", metavar="PNG", default=None,
-                   help="write grouped bars of median batches/s with min-max error bars (matplotlib)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write grouped bars of median batches/s with min-max error bars (matplotlib; "
+                        "the format from the extension: .png, .pdf, .svg, ...; none: .png)")
     p.add_argument("--device", default="cpu",
                    help="'cuda' (or 'cuda:N'): time batches delivered to the GPU, pinned")
     return p  # fmt: skip
@@ -141,6 +146,17 @@ def _parse_workload(parser: argparse.ArgumentParser, name: str) -> Workload:
     if name not in WORKLOADS:
         parser.error(f"--workloads: unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     return WORKLOADS[name]
+
+
+def _parse_plot(parser: argparse.ArgumentParser, path: str | None) -> str | None:
+    """The file the figure will be written to (checked now, not after the run), or None."""
+    if path is None:
+        return None
+    try:
+        return plot_target(path)
+    except ValueError as exc:
+        parser.error(f"--plot {path!r}: {exc}")
+    return None  # pragma: no cover - parser.error exits
 
 
 def _parse_count(parser: argparse.ArgumentParser, option: str, text: str) -> int:

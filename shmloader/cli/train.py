@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shmloader.cli.measure import count_children
+from shmloader.cli.measure import close_loader, count_children
 from shmloader.cli.options import START_METHODS, int_at_least
 from shmloader.cli.records import SPREAD_RULE, Spread, summarize
 from shmloader.cli.report import (
@@ -206,7 +206,8 @@ def _run(opts: TrainOptions, model: Any) -> list[TrainRun]:
 
 
 def _measure(feed: str, round_index: int, opts: TrainOptions, step: Any, device: Any) -> TrainRun:
-    """One feed, one epoch of ``warmup + steps`` steps; never raises."""
+    """One feed, one epoch of ``warmup + steps`` steps; raises no Exception (a KeyboardInterrupt
+    goes on up once the loader is closed)."""
     from shmloader.cli.trainstep import SyntheticImages, open_feed
 
     dataset = SyntheticImages((opts.warmup + opts.steps) * opts.batch_size, opts.image_size)
@@ -217,10 +218,11 @@ def _measure(feed: str, round_index: int, opts: TrainOptions, step: Any, device:
         seconds = _time_steps(batches, step, opts, device)
     except Exception as exc:  # reported in the table; the other measurements still run
         error = f"{type(exc).__name__}: {exc}"
+    except BaseException:  # Ctrl-C: close the loader (workers, segments) before it goes up
+        close_loader(loader)
+        raise
     batches = None  # the iterator holds the loader's workers: drop it before closing
-    close = getattr(loader, "close", None)
-    if callable(close):
-        close()
+    close_loader(loader)
     del loader
     gc.collect()
     return TrainRun(feed, round_index, opts.batch_size, opts.steps, seconds, count_children(), error)

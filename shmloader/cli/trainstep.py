@@ -60,7 +60,9 @@ class SyntheticImages:
             self._cache = [self._make_image(k) for k in range(_DISTINCT_IMAGES)]
         image = self._cache[index % _DISTINCT_IMAGES]
         if random.random() < 0.5:
-            image = np.ascontiguousarray(image[:, ::-1])
+            # a real copy: ascontiguousarray hands back the negative-stride view itself when the
+            # flipped axis has length 1 (numpy calls it contiguous), and torch refuses those
+            image = image[:, ::-1].copy()
         return image, np.int64(index % CLASSES)
 
     def __getstate__(self) -> dict[str, Any]:

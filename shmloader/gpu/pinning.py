@@ -16,7 +16,10 @@ Runs in the main process only. Promises:
   ``unregister_segment`` when it is retired, which the ring does before it unlinks and unmaps —
   also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
 - ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
-  the batches stay correct (unpinned). Importing this module imports neither torch nor cupy.
+  the batches stay correct (unpinned).
+- ``SHMLOADER_PIN_BACKEND`` is read only where ``pin_memory=True``: a value that is not a backend,
+  or names one that cannot work here, raises ConfigError at ``iter()`` with workers or without
+  (:func:`check_requested`). Importing this module imports neither torch nor cupy.
 
 Per-loader state is one attribute of the loader, ``_pin`` (a :class:`PinState`: the backend
 selected by :func:`backend_for`, and the flag :func:`warn_if_unpinned` sets). Whether torch sees an
@@ -41,7 +44,8 @@ from shmloader.gpu.mlock import MlockBackend
 
 __all__ = [
     "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",
-    "builtin_pin_backend", "make_backend", "pin_copy", "select", "warn_if_unpinned",
+    "builtin_pin_backend", "check_requested", "check_usable", "make_backend", "pin_copy", "requested_backend",
+    "select", "warn_if_unpinned",
 ]
 
 ENV_BACKEND = "SHMLOADER_PIN_BACKEND"
@@ -74,13 +78,29 @@ def accelerator_available() -> bool:
 
 
 def requested_backend(name: str | None = None, environ: Any = None) -> str:
-    """The backend asked for: ``name`` if given, else ``SHMLOADER_PIN_BACKEND``, else "auto"."""
+    """The backend asked for: ``name`` if given, else ``SHMLOADER_PIN_BACKEND``, else "auto".
+
+    The one parser of the variable (loaders and ``doctor`` both call it): any case, surrounding
+    blanks ignored; another value raises ConfigError naming the variable and the value as given.
+    """
     env = os.environ if environ is None else environ
     source = "pin backend" if name is not None else ENV_BACKEND
-    value = (name if name is not None else env.get(ENV_BACKEND, "auto")).strip().lower()
+    raw = name if name is not None else env.get(ENV_BACKEND, "auto")
+    value = raw.strip().lower()
     if value not in BACKEND_NAMES:
-        raise ConfigError(f"{source}={value!r} is not a pin backend; expected one of {', '.join(BACKEND_NAMES)}")
+        raise ConfigError(f"{source}={raw!r} is not a pin backend; expected one of {', '.join(BACKEND_NAMES)}",
+                          name=source, value=raw)  # fmt: skip
     return value
+
+
+def check_usable(name: str) -> None:
+    """Raise ConfigError when backend ``name`` cannot work here: torch or cupy seeing no CUDA device."""
+    if name not in ("torch", "cupy"):
+        return
+    cls: type[TorchCudaBackend] | type[CupyBackend] = TorchCudaBackend if name == "torch" else CupyBackend
+    if not _installed(name) or not cls.usable():
+        raise ConfigError(f"pin backend {name!r} was asked for ({ENV_BACKEND} or pin backend) but "
+                          f"{name} sees no CUDA device here", name=ENV_BACKEND, value=name)  # fmt: skip
 
 
 def make_backend(name: str) -> PinBackend | None:
@@ -93,11 +113,21 @@ def make_backend(name: str) -> PinBackend | None:
         return FakeBackend()
     if name == "mlock":
         return MlockBackend()
-    cls: type[TorchCudaBackend] | type[CupyBackend] = TorchCudaBackend if name == "torch" else CupyBackend
-    if not _installed(name) or not cls.usable():
-        raise ConfigError(f"pin backend {name!r} was asked for ({ENV_BACKEND} or pin backend) but "
-                          f"{name} sees no CUDA device here")
-    return cls()
+    check_usable(name)
+    return TorchCudaBackend() if name == "torch" else CupyBackend()
+
+
+def check_requested(loader: Any) -> None:
+    """At each ``iter(loader)``: a ``SHMLOADER_PIN_BACKEND`` that is not a backend, or names one
+    that cannot work here, raises the same ConfigError whatever ``num_workers``.
+
+    With workers the selection (:func:`backend_for`, with the loader's first ring) reads the
+    variable and raises. Without workers batches are not in slots and torch's copy pins them
+    (:func:`pin_copy`), so no backend is built, but the variable is read and checked here all
+    the same. With ``pin_memory=False`` it is not read at all.
+    """
+    if loader.pin_memory and loader.num_workers == 0:
+        check_usable(requested_backend())
 
 
 def builtin_pin_backend(device: str = "") -> PinBackend | None:
