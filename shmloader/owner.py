@@ -14,24 +14,72 @@ compares with this process's pid, cached and refreshed in every forked child by
 ``os.register_at_fork`` (``getpid()`` is a system call, 0.26–0.45 µs on a 2-core VM; the cached
 compare about 0.03 µs). See docs/design/ownership.md; ``gpu/owned.py`` builds its method guard on
 this.
+
+It is also the one place that owns this package's fork hooks (``os.register_at_fork``): besides
+the pid, it tells our own forks (a worker's start, ``our_fork``) from every other fork of the
+process, and counts the others (``fork_mark``, ``forked_since``): a batch the user holds while
+another's fork copies the process may be in use in that child, so its slot is never reused
+(docs/design/slot-lifecycle.md, "Forks by other code"). Other modules add child hooks through
+``at_fork_in_child``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-__all__ = ["ProcessOwner", "at_fork_in_child"]
+__all__ = ["ProcessOwner", "at_fork_in_child", "fork_mark", "forked_since", "our_fork", "started_by_us"]
 
 _pid = os.getpid()  # this process's pid, refreshed in every forked child
 _child_hooks: list[Callable[[], None]] = []
+# The threads of this process forking one of our own processes right now (``our_fork``). A thread's
+# ident survives the fork (the child's one thread is the one that forked), so a hook tells by the
+# forking thread's ident whether a fork is ours, whatever the other threads start or fork meanwhile.
+_our_forks: set[int] = set()
+_by_us = False  # in a forked child: one of our forks made this process (read by ``started_by_us``)
+# Forks by other code: how many have begun in this process, and how many of those have not yet
+# returned in the parent (both changed under ``_hold_lock``, ``_foreign_forking`` first).
+_foreign_forks = 0
+_foreign_forking = 0
+
+
+@contextlib.contextmanager
+def our_fork() -> Iterator[None]:
+    """Mark the calling thread as forking a process of ours (a worker) for the block: that fork is
+    not counted as another's (``fork_mark``), and its child knows itself ours (``started_by_us``)."""
+    me = threading.get_ident()
+    _our_forks.add(me)  # set.add/discard are atomic under the GIL: no lock needed
+    try:
+        yield
+    finally:
+        _our_forks.discard(me)
+
+
+def started_by_us() -> bool:
+    """In a child hook (``at_fork_in_child``): whether one of our own forks made this process."""
+    return _by_us
+
+
+def fork_mark() -> int:
+    """A mark of the forks by other code so far, for ``forked_since``; -1 while one is under way
+    (its child may copy whatever is made now). Reads the count before the forks under way, which
+    a fork's hook raises first, so no interleaving yields a mark that misses a fork."""
+    begun = _foreign_forks
+    return -1 if _foreign_forking else begun
+
+
+def forked_since(mark: int) -> bool:
+    """Whether a fork by other code may have copied this process since ``fork_mark()`` gave
+    ``mark``: one began since, or one is under way now. Errs only towards True."""
+    return mark != _foreign_forks or _foreign_forking > 0
 
 
 def at_fork_in_child(hook: Callable[[], None]) -> None:
     """Run ``hook`` in every forked child, after this module has refreshed the pid and before the
-    collector can run there (``_hold_collector``)."""
+    collector can run there (``_before_fork`` holds it)."""
     _child_hooks.append(hook)
 
 
@@ -46,29 +94,41 @@ _holds = 0
 _was_enabled = False
 
 
-def _hold_collector() -> None:
-    global _holds, _was_enabled
+def _before_fork() -> None:
+    """In the forking thread, just before the fork: hold the collector; count another's fork."""
+    global _holds, _was_enabled, _foreign_forks, _foreign_forking
+    foreign = threading.get_ident() not in _our_forks
     with _hold_lock:
         if _holds == 0:
             _was_enabled = gc.isenabled()
             gc.disable()
         _holds += 1
+        if foreign:
+            _foreign_forking += 1  # first: see fork_mark
+            _foreign_forks += 1
 
 
-def _release_in_parent() -> None:
-    global _holds
+def _after_in_parent() -> None:
+    """In the forking thread, the fork done: give the collector back; another's fork has returned."""
+    global _holds, _foreign_forking
+    foreign = threading.get_ident() not in _our_forks
     with _hold_lock:
         _holds -= 1
         if _holds == 0 and _was_enabled:
             gc.enable()
+        if foreign:
+            _foreign_forking -= 1
 
 
 def _forked() -> None:
     """In the child, the one thread left: refresh the pid, run the hooks, give the collector back."""
-    global _pid, _holds, _hold_lock
+    global _pid, _holds, _hold_lock, _by_us, _foreign_forking
     _pid = os.getpid()
     _hold_lock = threading.Lock()  # another thread of the parent may have held it at the fork
     _holds = 0
+    _foreign_forking = 0  # the forks under way were the parent's threads'
+    _by_us = threading.get_ident() in _our_forks
+    _our_forks.clear()  # a process that this child forks in turn is not one of ours
     try:
         for hook in _child_hooks:
             hook()
@@ -78,7 +138,7 @@ def _forked() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to refresh
-    os.register_at_fork(before=_hold_collector, after_in_parent=_release_in_parent, after_in_child=_forked)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_in_parent, after_in_child=_forked)
 
 
 class ProcessOwner:

@@ -30,8 +30,7 @@ import fault_datasets as fd
 import numpy as np
 import pytest
 
-from shmloader import DataLoader
-from shmloader.engine import workers
+from shmloader import DataLoader, owner
 from shmloader.errors import format_indices, rebuild_worker_exception
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 4 workers, 2 CPUs
@@ -115,7 +114,7 @@ def test_only_a_forked_worker_freezes_and_the_parent_never_does(method: str, mon
     armed: list[bool] = []
 
     def recorded(self: BaseProcess) -> None:
-        armed.append(threading.get_ident() in workers._forking_workers)
+        armed.append(threading.get_ident() in owner._our_forks)
         start(self)
 
     monkeypatch.setattr(BaseProcess, "start", recorded)
@@ -123,7 +122,7 @@ def test_only_a_forked_worker_freezes_and_the_parent_never_does(method: str, mon
         iter(DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=3, multiprocessing_context=method))
     assert calls == []
     assert armed == [method == "fork"] * 3  # armed for each fork of a worker, the refused one included
-    assert workers._forking_workers == set()  # and disarmed after it
+    assert owner._our_forks == set()  # and disarmed after it
 
 
 RLIMIT_CHILD = textwrap.dedent("""

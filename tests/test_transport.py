@@ -72,27 +72,27 @@ def test_lease_returns_the_slot_only_when_the_last_view_dies(ring):
 
 
 def test_a_fired_lease_is_forgotten_and_one_outlives_its_ring():
-    from shmloader.transport import ring as ring_module
+    from shmloader.transport import lease as lease_module
 
     retired: list[str] = []
     r = Ring("/dev/shm", on_retire=lambda seg: retired.append(seg.name))
-    before = len(ring_module._LIVE)
+    before = len(lease_module.LIVE)
     slot = r.grow(4096, OWNER)
     buf = leased(r, slot)
-    assert len(ring_module._LIVE) == before + 1
+    assert len(lease_module.LIVE) == before + 1
     del buf
     gc.collect()
-    assert len(ring_module._LIVE) == before and r.collect_released() == 1  # fired once, then forgotten
+    assert len(lease_module.LIVE) == before and r.collect_released() == 1  # fired once, then forgotten
     other = r.grow(4096, OWNER)
     view = np.ndarray((8,), np.uint8, buffer=leased(r, other))
     name = other.segment.name
     r.close()
     del r, other
     gc.collect()  # the ring is gone; the lease it made still fires when the batch dies
-    assert len(ring_module._LIVE) == before + 1 and view.sum() == 0 and name not in retired
+    assert len(lease_module.LIVE) == before + 1 and view.sum() == 0 and name not in retired
     del view
     gc.collect()  # the lingering segment is retired (unpinned) by the lease's finalizer
-    assert len(ring_module._LIVE) == before and name in retired and not os.path.exists(f"/dev/shm/{name}")
+    assert len(lease_module.LIVE) == before and name in retired and not os.path.exists(f"/dev/shm/{name}")
 
 
 def test_ring_resizes_a_small_free_slot_and_retires_the_old_segment(ring):

@@ -41,7 +41,7 @@ import numpy as np
 
 from shmloader.collate.context import Stack
 from shmloader.collate.rules import stack_into
-from shmloader.owner import ProcessOwner
+from shmloader.owner import ProcessOwner, at_fork_in_child
 
 __all__ = ["AUTO_THREADS_MAX", "SPLIT_MIN_BYTES", "ThreadedStack", "resolve_threads", "stack_for"]
 
@@ -190,5 +190,4 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()  # a thread of the parent may have held it when the process forked
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)  # owner.py owns the package's fork hooks

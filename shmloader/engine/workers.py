@@ -38,16 +38,12 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from shmloader.log import logger
-from shmloader.owner import at_fork_in_child
+from shmloader import owner
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
 _KILL_TIMEOUT_S = 1.0
-# The threads of this process that are forking one of our workers right now. A thread's ident
-# survives the fork (the child's one thread is the one that forked), so the child tells by its own
-# ident whether it is one of ours, whatever the other threads start or fork meanwhile.
-_forking_workers: set[int] = set()
 # Every worker process this process started and has not reaped: multiprocessing lists them as its
 # children, and a process forked from this one must not take them for its own (_disown_inherited).
 _live_workers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -62,8 +58,7 @@ def _freeze_inherited() -> None:
     """In a process just forked, before any of its Python code runs: if it is one of our workers,
     freeze every object it inherited, so that its collector never visits (and never finalizes)
     the parent's garbage. The parent's own permanent generation is never touched."""
-    if threading.get_ident() in _forking_workers:
-        _forking_workers.clear()  # a process the worker forks in turn is not one of ours
+    if owner.started_by_us():  # the forking thread was in owner.our_fork(): see _launch
         gc.freeze()
 
 
@@ -84,7 +79,7 @@ def _disown_inherited() -> None:
     _live_workers.clear()  # this process started none of them
 
 
-at_fork_in_child(_after_fork_in_child)  # with the collector held: nothing can run before the freeze
+owner.at_fork_in_child(_after_fork_in_child)  # with the collector held: nothing can run before the freeze
 
 
 @dataclass(eq=False)
@@ -241,20 +236,18 @@ class WorkerPool:
         finalizes the parent's cyclic garbage (batches, leases, rings, pin state). It used to be a
         freeze/unfreeze pair around ``start()`` in the parent, skipped where objects were frozen
         already, which on Python 3.12 is always (the interpreter starts with objects of its own
-        there): tests/test_fork_gc.py. The mark is this thread's, not the process's: a worker that
-        another thread starts meanwhile, or a fork of someone else's, neither clears nor takes it.
+        there): tests/test_fork_gc.py. The mark (``owner.our_fork``) is this thread's, not the
+        process's: a worker that another thread starts meanwhile, or a fork of someone else's,
+        neither clears nor takes it. The same mark keeps this fork from counting as another's: the
+        batches the user holds now need not outlive their slots (docs/design/slot-lifecycle.md).
         Defence in depth: the primary guard is that our finalizers
         check ``ProcessOwner.here`` and do nothing in a forked child.
         """
         if not self._fork:
             process.start()
             return
-        me = threading.get_ident()
-        _forking_workers.add(me)  # set.add/discard are atomic under the GIL: no lock needed
-        try:
+        with owner.our_fork():
             process.start()
-        finally:
-            _forking_workers.discard(me)
 
     def replace(self, worker_id: int) -> WorkerHandle:
         """Reap a dead worker and start its successor under the same id."""

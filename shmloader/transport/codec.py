@@ -9,8 +9,9 @@ memory. Here the memory is the task's slot:
   ``("t", offset, nbytes, dtype_name, shape)``; one that lives elsewhere (a user's collate_fn made
   it) is first copied into the slot, once. Strings, numbers and small objects travel inline.
 - main (``decode``): each record is validated against the slot's bounds, then becomes a numpy view
-  of the lease buffer (a torch tensor through ``torch.from_numpy`` for ``"t"``), so every view
-  keeps the lease alive. Nothing is copied.
+  of the lease buffer (a torch tensor through ``torch.from_numpy`` for ``"t"``, whose storage also
+  holds the lease across ``share_memory_()``: ``torch_views.py``), so every view keeps the lease
+  alive. Nothing is copied.
 
 Object arrays, tensor subclasses, non-CPU, sparse, nested and quantized tensors are pickled inline
 (by value).
@@ -47,6 +48,7 @@ import numpy as np
 from shmloader.collate.context import SlotFull
 from shmloader.errors import DescriptorError
 from shmloader.transport.alloc import SlotAllocator, align_up
+from shmloader.transport.torch_views import leased_tensor, torch_dtype, torch_view
 
 PROTOCOL = 5
 
@@ -123,7 +125,7 @@ class _Encoder(pickle.Pickler):
         if offset is None:
             u8 = self.alloc((nbytes,), np.uint8)
             if nbytes:
-                _torch_view(u8, t.dtype, tuple(t.shape)).copy_(t)
+                torch_view(u8, t.dtype, tuple(t.shape)).copy_(t)
             offset = u8.__array_interface__["data"][0] - self.alloc.base_address
         return ("t", offset, nbytes, str(t.dtype), tuple(t.shape))
 
@@ -310,7 +312,7 @@ class _Decoder(pickle.Unpickler):
             _, offset, nbytes, dtype_name, shape = record
             self._check(offset, 0, nbytes)
             u8: np.ndarray = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
-            made = _torch_view(u8, _torch_dtype(dtype_name), tuple(shape))
+            made = leased_tensor(u8, torch_dtype(dtype_name), tuple(shape), self.buf)  # share_memory_ keeps it
         else:
             raise DescriptorError(f"unknown record in descriptor: {record!r}")
         self.views += 1
@@ -379,21 +381,3 @@ def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
     lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
     hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + itemsize
     return lo, hi
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch  # a worker sent a tensor, so torch is installed (and usually imported already)
-
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise DescriptorError(f"unknown torch dtype in descriptor: {name!r}")
-    return dtype
-
-
-def _torch_view(u8: np.ndarray, dtype: Any, shape: tuple[int, ...]) -> Any:
-    """A tensor of ``dtype``/``shape`` over the bytes of ``u8`` (no copy)."""
-    import torch
-
-    if u8.size == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(u8).view(dtype).view(shape)

@@ -29,17 +29,17 @@ def ring_slots(num_workers: int, prefetch_factor: int) -> int:
 def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int, prefetch_factor: int) -> None:
     """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit beside what the ring holds.
 
-    A slot already that large (or growing to that size) is reused; every other one needs a new
-    segment, and the segment it replaces frees its pages only once no process maps it (workers
-    unmap it when told), so its bytes are not counted as coming back. The bytes of growing
+    A slot already that large (or growing to that size) is reused; every other one (and a spent
+    one: ``ring.Slot``) needs a new segment, and the segment it replaces frees its pages only once
+    no process maps it (workers unmap it when told), so its bytes are not counted as coming back. The bytes of growing
     segments not reserved yet are needed too.
     """
     free = segment.shm_free_bytes(ring.shm_dir)
     if free is None:
         return
     growing = [s.growing for s in ring.slots if s.growing is not None]
-    reused = min(slots, sum(1 for s in ring.slots
-                            if max(s.size_bytes, s.growing.size_bytes if s.growing else 0) >= slot_bytes))
+    reused = min(slots, sum(1 for s in ring.slots if not s.spent  # a spent slot needs a fresh segment
+                            and max(s.size_bytes, s.growing.size_bytes if s.growing else 0) >= slot_bytes))
     needed = (slots - reused) * slot_bytes + sum(g.size_bytes - g.reserved for g in growing)
     if needed <= free:
         return

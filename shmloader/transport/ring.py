@@ -22,11 +22,19 @@ unlinks like the others.
 
 A lease is a ctypes buffer over the whole slot. Every array of the batch is a numpy view whose
 base is that buffer, so the buffer (and with it the slot) lives exactly as long as the last view;
-a weak reference to it (``_Lease``, kept alive by this module until it fires, whatever becomes of
-the ring) queues the slot id for release. The queue is a deque because the finalizer may run in
+a weak reference to it (``transport.lease.Lease``, kept alive by that module until it fires,
+whatever becomes of the ring) queues the slot id for release. The queue is a deque because the finalizer may run in
 any thread; the iterator drains it (``collect_released``) before it dispatches.
 The finalizer, ``close()`` and segment retirement act only in the process that made the ring
 (``owner.ProcessOwner``): a forked worker that garbage-collects an inherited copy does nothing.
+
+A batch held while other code forks the process (``multiprocessing`` under fork passing it to a
+child) is the child's too, and MAP_SHARED: its slot must never be written again. Each lease notes
+``owner.fork_mark()``; if a fork by other code may have come between the lease and its release
+(``owner.forked_since``), the slot is *spent* when released: its segment is retired (the child
+keeps its own mapping of it) and ``take`` gives the slot a fresh one. Our own workers' forks do
+not count. Slot ids, slot counts and ``max_slots`` are as before; ``created_total`` counts the
+fresh segments.
 
 Pinned slots may still be read by a device copy when their last view dies (``x.to("cuda",
 non_blocking=True)`` then dropping ``x``). With a ``fence`` (the pin backend's), the finalizer also
@@ -37,18 +45,16 @@ fence instead of raising.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import enum
-import weakref
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from shmloader.errors import RingExhausted, SlotOwnershipError
-from shmloader.log import logger
-from shmloader.owner import ProcessOwner
+from shmloader.owner import ProcessOwner, fork_mark
+from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
 from shmloader.transport.segment import Segment, explain_enospc, page_round
 
 
@@ -62,7 +68,8 @@ class SlotState(enum.Enum):
 @dataclass(eq=False)
 class Slot:
     """One reusable region: a slot id, its current segment, its state and, while it is assigned or
-    filled, the task that owns it (the ledger's key)."""
+    filled, the task that owns it (the ledger's key). A ``spent`` slot is free but its segment is
+    retired (another's fork may still map it): ``take`` gives it a fresh one first."""
 
     id: int
     segment: Segment
@@ -70,75 +77,11 @@ class Slot:
     owner: Hashable | None = None
     lease_serial: int = 0
     growing: Segment | None = None  # the larger segment being reserved for the owner (begin_resize)
+    spent: bool = False
 
     @property
     def size_bytes(self) -> int:
         return self.segment.size_bytes
-
-
-SegmentHook = Callable[[Segment], None]
-Fence = Callable[[], Any]  # returns an event (``query()``, ``synchronize()``) or None
-
-
-def _on_release(released: deque[tuple[int, int, Any]], fence: Fence | None, slot_id: int, serial: int,
-                creator: ProcessOwner, lingering: dict[int, Segment], on_retire: SegmentHook | None) -> None:
-    """The lease's finalizer (any thread): queue the slot, with a fence event when pinned.
-
-    Inert outside the creating process: a forked worker collecting an inherited batch must not
-    record a device fence (CUDA is not initialised there) nor touch the parent's queue."""
-    if not creator.here:
-        return
-    segment = lingering.pop(slot_id, None)
-    if segment is not None:  # the ring closed while this batch was held: retire its segment now,
-        _retire_lingering(segment, on_retire)  # while the dying lease still keeps it mapped
-        return
-    event = None
-    if fence is not None:
-        try:
-            event = fence()
-        except Exception as exc:  # never raise in a finalizer; the slot is then reused unfenced
-            logger.warning("could not fence slot %d after its batch was dropped: %s", slot_id, exc)
-    released.append((slot_id, serial, event))
-
-
-class _Lease(weakref.ref):
-    """A lease's finalizer: a weak reference to its buffer whose callback runs ``_on_release``.
-
-    Half the cost of a ``weakref.finalize`` (0.96 against 1.83 µs per lease with its buffer,
-    issue 16) with its guarantees: ``_LIVE`` holds it until it fires, so a lease outlives its
-    ring (a segment that lingers past ``close()`` is still retired), and at interpreter exit it is
-    dropped unfired, as a finalizer with ``atexit = False`` is."""
-
-    __slots__ = ("args",)
-    args: tuple
-
-    @property
-    def alive(self) -> bool:
-        return self() is not None
-
-
-_LIVE: dict[int, _Lease] = {}  # id -> every lease not yet fired
-
-
-def _lease_died(lease: _Lease, _pop: Callable = _LIVE.pop) -> None:
-    if _pop(id(lease), None) is not None:  # None: dropped at exit, or fired already
-        _on_release(*lease.args)
-
-
-@atexit.register
-def _drop_leases() -> None:
-    _LIVE.clear()  # as weakref.finalize does at exit: no lease fires during interpreter teardown
-
-
-def _retire_lingering(segment: Segment, on_retire: SegmentHook | None) -> None:
-    """Unpin a segment unlinked at close() whose last view is dying, then let it unmap (the mapping
-    goes when the lease's buffer does, right after its finalizer). Never raises."""
-    if on_retire is not None:
-        try:
-            on_retire(segment)
-        except Exception as exc:
-            logger.warning("could not unpin segment %s after its last batch was dropped: %s", segment.name, exc)
-    segment.close()
 
 
 class Ring:
@@ -157,8 +100,8 @@ class Ring:
         self.max_slots = max_slots
         self.slots: list[Slot] = []
         self._free: deque[int] = deque()
-        self._released: deque[tuple[int, int, Any]] = deque()
-        self._cooling: deque[tuple[Slot, int, Any]] = deque()  # dropped, fence not yet completed
+        self._released: deque[Released] = deque()
+        self._cooling: deque[tuple[Slot, int, Any, bool]] = deque()  # dropped, fence not yet completed
         self._fence = fence
         self._on_create = on_create
         self._on_retire = on_retire
@@ -166,7 +109,7 @@ class Ring:
         self.created_total = 0
         self.closed = False
         self._creator = ProcessOwner()
-        self._leases: dict[int, _Lease] = {}  # slot id -> its latest lease's finalizer
+        self._leases: dict[int, Lease] = {}  # slot id -> its latest lease's finalizer
         self._buffer_types: dict[int, type[ctypes.Array]] = {}  # size -> ctypes.c_char * size
         self._lingering: dict[int, Segment] = {}  # unlinked at close, retired when the lease dies
 
@@ -176,15 +119,23 @@ class Ring:
 
     # -- slot life cycle -----------------------------------------------------------------
     def take(self, min_bytes: int, owner: Hashable) -> Slot | None:
-        """A free slot of at least ``min_bytes`` (resized if needed), now assigned to ``owner``;
-        None if none is free."""
+        """A free slot of at least ``min_bytes`` (resized, or renewed if spent, as needed), now
+        assigned to ``owner``; None if none is free. If the new segment cannot be made, the slot
+        stays free and the error propagates."""
         self.collect_released()
         if not self._free:
             return None
         slot = self.slots[self._free.popleft()]
         slot.state, slot.owner = SlotState.ASSIGNED, owner
-        if slot.size_bytes < min_bytes:
-            self.resize(slot, min_bytes, owner)
+        try:
+            if slot.spent:
+                self._renew(slot, min_bytes)
+            elif slot.size_bytes < min_bytes:
+                self.resize(slot, min_bytes, owner)
+        except BaseException:
+            slot.state, slot.owner = SlotState.FREE, None
+            self._free.appendleft(slot.id)
+            raise
         return slot
 
     def grow(self, min_bytes: int, owner: Hashable) -> Slot:
@@ -259,11 +210,12 @@ class Ring:
         kind = self._buffer_types.get(size)
         if kind is None:
             kind = self._buffer_types[size] = ctypes.c_char * size
+        mark = fork_mark()  # before the buffer exists: a fork from now on is one the batch may be in
         buf = kind.from_buffer(slot.segment.buf)
-        lease = _Lease(buf, _lease_died)
-        lease.args = (self._released, self._fence, slot.id, slot.lease_serial, self._creator, self._lingering,
+        lease = Lease(buf, lease_died)
+        lease.args = (self._released, self._fence, slot.id, slot.lease_serial, mark, self._creator, self._lingering,
                       self._on_retire)
-        _LIVE[id(lease)] = self._leases[slot.id] = lease
+        LIVE[id(lease)] = self._leases[slot.id] = lease
         return buf
 
     def free(self, slot: Slot, owner: Hashable) -> None:
@@ -289,19 +241,19 @@ class Ring:
         how many."""
         n = 0
         while self._released:
-            slot_id, serial, event = self._released.popleft()
+            slot_id, serial, event, spent = self._released.popleft()
             if slot_id < len(self.slots):
                 if event is None:  # unpinned (or unfenced): free at once
-                    n += self._free_cooled(self.slots[slot_id], serial)
+                    n += self._free_cooled(self.slots[slot_id], serial, spent)
                 else:
-                    self._cooling.append((self.slots[slot_id], serial, event))
+                    self._cooling.append((self.slots[slot_id], serial, event, spent))
         if self._cooling:
-            still: deque[tuple[Slot, int, Any]] = deque()
-            for slot, serial, event in self._cooling:
-                if event.query():
-                    n += self._free_cooled(slot, serial)
+            still: deque[tuple[Slot, int, Any, bool]] = deque()
+            for cooling in self._cooling:
+                if cooling[2].query():
+                    n += self._free_cooled(cooling[0], cooling[1], cooling[3])
                 else:
-                    still.append((slot, serial, event))
+                    still.append(cooling)
             self._cooling = still
         return n
 
@@ -312,13 +264,17 @@ class Ring:
 
     def _cool_oldest(self) -> None:
         """Wait for the oldest cooling slot's fence and free it."""
-        slot, serial, event = self._cooling.popleft()
+        slot, serial, event, spent = self._cooling.popleft()
         event.synchronize()
-        self._free_cooled(slot, serial)
+        self._free_cooled(slot, serial, spent)
 
-    def _free_cooled(self, slot: Slot, serial: int) -> int:
-        """Free a released slot unless it was leased again since (a stale release)."""
+    def _free_cooled(self, slot: Slot, serial: int, spent: bool) -> int:
+        """Free a released slot unless it was leased again since (a stale release); a spent one's
+        segment is retired first."""
         if slot.state is SlotState.LEASED and slot.lease_serial == serial:
+            if spent:
+                self._retire(slot.segment)  # the forked child keeps its own mapping: its batch stays
+                slot.spent = True
             self._make_free(slot)
             return 1
         return 0
@@ -329,7 +285,8 @@ class Ring:
         while len(self.slots) > keep and self.slots[-1].state is SlotState.FREE:
             slot = self.slots.pop()
             self._free.remove(slot.id)
-            self._retire(slot.segment)
+            if not slot.spent:
+                self._retire(slot.segment)
 
     def close(self) -> None:
         """Unlink every segment; unmap those no view references. Idempotent; a no-op in any process
@@ -342,7 +299,7 @@ class Ring:
             lease = self._leases.get(slot.id)
             if slot.state is SlotState.LEASED and lease is not None and lease.alive:
                 self._linger(slot)
-            else:
+            elif not slot.spent:
                 self._retire(slot.segment)  # the pin backend synchronises before it unpins
         self.slots.clear()
         self._free.clear()
@@ -357,6 +314,11 @@ class Ring:
         if reserve:
             self._created(segment)
         return segment
+
+    def _renew(self, slot: Slot, min_bytes: int) -> None:
+        """Give a spent slot a fresh segment, as large as its last one at least."""
+        slot.segment = self._new_segment(max(min_bytes, slot.size_bytes))
+        slot.spent = False
 
     def _created(self, segment: Segment) -> None:
         """Show a fully reserved segment to the pin backend; if that fails, the segment is gone."""
@@ -377,7 +339,7 @@ class Ring:
         self.retired_names.append(segment.name)
         lease = self._leases[slot.id]
         if not lease.alive and self._lingering.pop(slot.id, None) is not None:  # died meanwhile
-            _retire_lingering(segment, self._on_retire)
+            retire_lingering(segment, self._on_retire)
 
     def _drop_growing(self, slot: Slot) -> None:
         """Unlink the slot's growing segment, if any: no worker was told of it, no pin backend saw it."""
