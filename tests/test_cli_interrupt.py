@@ -34,15 +34,16 @@ except KeyboardInterrupt:
 """
 
 
-def _interrupt(argv: list[str], shm: Path, after_s: float = 6.0) -> tuple[int, str, str]:
-    """Run ``argv`` in a session of its own, Ctrl-C its process group after ``after_s``; return the
-    exit status, stdout and stderr once it has ended, after checking that nothing of it is left."""
+def _interrupt(argv: list[str], shm: Path, children: int = 2) -> tuple[int, str, str]:
+    """Run ``argv`` in a session of its own, Ctrl-C its process group once it runs ``children``
+    processes (loader workers or copy-limit processes: it is inside its run); return the exit status,
+    stdout and stderr once it has ended, after checking that nothing of it is left."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHMLOADER_")}
     env.update(PYTHONPATH=str(REPO), SHMLOADER_SHM_DIR=str(shm))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env, cwd=shm.parent)  # fmt: skip
     try:
-        time.sleep(after_s)  # inside the timed loop by now
+        assert _until(lambda: len(_group(proc.pid)) > children or proc.poll() is not None, 60)
         assert proc.poll() is None, "finished before the interrupt: make the run longer"
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -50,13 +51,26 @@ def _interrupt(argv: list[str], shm: Path, after_s: float = 6.0) -> tuple[int, s
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    time.sleep(1)
-    ps = subprocess.run(["ps", "-eo", "pgid=,stat=,pid=,args="], capture_output=True, text=True).stdout
-    left = [line for line in ps.splitlines()
-            if line.split()[:1] == [str(proc.pid)] and not line.split()[1].startswith("Z")]  # fmt: skip
-    assert left == [], left
+    assert _until(lambda: not _group(proc.pid), 10), _group(proc.pid)  # orphans take a moment to go
     assert os.listdir(shm) == []
     return proc.returncode, out, err
+
+
+def _group(pgid: int) -> list[str]:
+    """The live (not zombie) processes of process group ``pgid``, as ``ps`` lists them."""
+    ps = subprocess.run(["ps", "-eo", "pgid=,stat=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines()
+            if line.split()[:1] == [str(pgid)] and not line.split()[1].startswith("Z")]  # fmt: skip
+
+
+def _until(condition: Any, deadline_s: float) -> bool:
+    """Poll ``condition`` (another process must act) until it holds or ``deadline_s`` passes."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.mark.timeout(90)
@@ -65,7 +79,7 @@ def _interrupt(argv: list[str], shm: Path, after_s: float = 6.0) -> tuple[int, s
      "--no-copy-limit"],
     ["bench", "--no-shmloader", "--workloads", "tiny", "--workers", "2", "--batches", "100000000",
      "--repeat", "1"],
-    ["bench", "--train", "--quick", "--steps", "100000"],
+    ["bench", "--train", "--quick", "--steps", "100000", "--workers", "2"],
 ], ids=["bench-shmloader", "bench-torch", "bench-train"])
 def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path: Path, args: list[str]) -> None:
     shm = tmp_path / "shm"
@@ -80,7 +94,7 @@ def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path: Path, ar
 def test_ctrl_c_during_the_copy_limit_leaves_no_process_and_no_child_traceback(tmp_path: Path) -> None:
     shm = tmp_path / "shm"
     shm.mkdir()
-    status, _, err = _interrupt([sys.executable, "-c", COPY_LIMIT_FOREVER], shm, after_s=4.0)
+    status, _, err = _interrupt([sys.executable, "-c", COPY_LIMIT_FOREVER], shm)
     assert "Traceback" not in err, err[-3000:]
     assert (status, err.strip()) == (130, "main: interrupted")
 

@@ -18,7 +18,7 @@ tmpfs is mounted with huge pages). Both are one function, :func:`measure_copy_li
 parametrised by ``buffers`` and ``shared``.
 
 Runs in the benchmark's main process, which starts the processes with the benchmark's start
-method, and in those processes (:func:`_stack_loop`, module level so that spawn can import it).
+method, and in those processes (:func:`_stack_process`, module level so that spawn can import it).
 Promises: every buffer is allocated and written once before the barrier (a shared one is unlinked
 as soon as it is mapped, so none outlives its process); all processes start their
 clocks after one barrier, and the run is timed from the earliest start to the latest end
@@ -93,7 +93,7 @@ def _run_processes(workload: Workload, processes: int, per_process: int, start_m
     ctx: Any = multiprocessing.get_context(start_method)
     barrier = ctx.Barrier(processes)
     pipes = [ctx.Pipe(duplex=False) for _ in range(processes)]
-    procs = [ctx.Process(target=_stack_loop, args=(workload, per_process, buffers, barrier, send, shm_dir),
+    procs = [ctx.Process(target=_stack_process, args=(workload, per_process, buffers, barrier, send, shm_dir),
                          name=f"shmloader-copy-limit-{k}", daemon=True)
              for k, (_, send) in enumerate(pipes)]  # fmt: skip
     try:
@@ -141,12 +141,17 @@ def _kill(procs: list[Any]) -> None:
             proc.kill()
 
 
+def _stack_process(*args: Any) -> None:
+    """A copy-limit process's entry: Ctrl-C is the main process's to act on (it kills this
+    process), so SIGINT is ignored here; then :func:`_stack_loop`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stack_loop(*args)
+
+
 def _stack_loop(workload: Workload, batches: int, buffers: int, barrier: Any, send: Connection,
                 shm_dir: str | None = None) -> None:  # fmt: skip
     """In a copy-limit process: stack ``batches`` batches after the barrier, batch ``k`` into
-    buffer ``k % buffers`` (private memory, or segments of ``shm_dir``); send (start, end).
-    Ctrl-C is the main process's to act on (it kills this process), so SIGINT is ignored here."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    buffer ``k % buffers`` (private memory, or segments of ``shm_dir``); send (start, end)."""
     dataset = workload.dataset(1)
     samples = [dataset[i] for i in range(workload.batch_size)]
     columns = [[s[k] for s in samples] for k in range(len(workload.fields))] if len(workload.fields) > 1 \
