@@ -117,3 +117,17 @@ def test_gpu_host_script_parses_and_names_its_modes(tmp_path):
     out = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, timeout=50,
                          env={**os.environ, "OUT": str(tmp_path)})
     assert out.returncode == 2 and "tests|scale|cuda" in out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_first_batch_script_times_both_loaders_alternated() -> None:
+    """benchmarks/first_batch.py (docs/performance.md's figures of the first batch without workers)."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "first_batch.py")
+    out = subprocess.run([sys.executable, script, "--workload", "tiny", "--rounds", "2", "--batches", "3"],
+                         capture_output=True, text=True, timeout=110, check=True).stdout
+    lines = out.strip().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["shmloader", "torch"]
+    for ln in lines:  # two rounds: two times, then their median
+        assert len(re.findall(r"\d+\.\d", ln.split("ms;")[0])) == 2 and "median" in ln
