@@ -31,7 +31,7 @@ from shmloader import owner
 from shmloader.errors import ShmSpaceError
 from shmloader.transport import segment
 from shmloader.transport.preflight import check_ring_fits
-from shmloader.transport.ring import Ring, SlotState
+from shmloader.transport.ring import Ring, Slot, SlotState
 
 D, BS, N = 64, 4, 64  # 16 batches an epoch: every slot is written many times over
 FIRST = np.arange(BS, dtype=np.float32)  # rows of the first batch: sample i is D copies of i
@@ -150,6 +150,16 @@ def _fork_and_reap() -> None:
     os.waitpid(pid, 0)
 
 
+def _held_across_a_fork(ring: Ring) -> Slot:
+    """A slot of ``ring`` whose batch was held while another's fork ran, then dropped."""
+    slot = ring.grow(4096, OWNER)
+    view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))
+    _fork_and_reap()
+    del view
+    gc.collect()
+    return slot
+
+
 def test_a_slot_leased_across_a_foreign_fork_gets_a_fresh_segment() -> None:
     retired: list[str] = []
     created: list[str] = []
@@ -201,11 +211,7 @@ def test_a_spent_slot_is_unlinked_once_by_close_and_shrink(monkeypatch: pytest.M
 def test_a_spent_slot_that_cannot_be_renewed_stays_free(monkeypatch: pytest.MonkeyPatch) -> None:
     ring = Ring("/dev/shm")
     try:
-        slot = ring.grow(4096, OWNER)
-        view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))
-        _fork_and_reap()
-        del view
-        gc.collect()
+        slot = _held_across_a_fork(ring)
 
         def full(*_args: Any, **_kwargs: Any) -> Any:
             raise ShmSpaceError("full", needed_bytes=4096, free_bytes=0, directory="/dev/shm")
@@ -238,11 +244,7 @@ def test_a_fenced_slot_cools_before_its_segment_is_retired() -> None:
     ring = Ring("/dev/shm", on_retire=lambda s: retired.append(s.name),
                 fence=lambda: events.append(_Event()) or events[-1])
     try:
-        slot = ring.grow(4096, OWNER)
-        view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))
-        _fork_and_reap()
-        del view
-        gc.collect()
+        slot = _held_across_a_fork(ring)
         assert ring.collect_released() == 0 and ring.cooling == 1 and retired == []
         events[0].done = True
         assert ring.collect_released() == 1 and slot.spent and retired == [slot.segment.name]

@@ -126,15 +126,11 @@ class WaitAndRecover:
         for room while its outbox is not empty (``_flush_backlog``)."""
         workers = tuple(self._pool.workers)
         if self._poll_set is None or self._poll_set[0] != workers:
-            poller = select.poll()
             by_fd: dict[int, tuple[WorkerHandle, bool | None]] = {}
             for w in workers:
-                for fd, is_sentinel in ((w.results.fileno(), False), (w.process.sentinel, True)):
-                    poller.register(fd, select.POLLIN)
-                    by_fd[fd] = (w, is_sentinel)
-            if self._guard.wake_fd >= 0:
-                poller.register(self._guard.wake_fd, select.POLLIN)  # close() from another thread
-            self._poll_set = (workers, poller, by_fd)
+                by_fd[w.results.fileno()] = (w, False)
+                by_fd[w.process.sentinel] = (w, True)
+            self._poll_set = (workers, self._new_poll(by_fd), by_fd)
             self._room_polled = set()
             self._head_pollers = {}
         return self._poll_set[1], self._poll_set[2]
@@ -158,14 +154,21 @@ class WaitAndRecover:
             return poller
         head = self._head_pollers.get(rec.worker_id)
         if head is None:
-            head = self._head_pollers[rec.worker_id] = select.poll()
-            workers = self._poll_set[0] if self._poll_set else ()
-            for w in workers:
-                head.register(w.process.sentinel, select.POLLIN)
-            head.register(workers[rec.worker_id].results.fileno(), select.POLLIN)
-            if self._guard.wake_fd >= 0:
-                head.register(self._guard.wake_fd, select.POLLIN)
+            by_fd = self._poller()[1]
+            reply = self._pool.workers[rec.worker_id].results.fileno()
+            head = self._head_pollers[rec.worker_id] = self._new_poll(
+                [fd for fd, (_w, is_sentinel) in by_fd.items() if is_sentinel or fd == reply])
         return head
+
+    def _new_poll(self, fds: Any) -> Any:
+        """A ``select.poll`` for input on ``fds`` and on the step guard's pipe (``close()`` from
+        another thread)."""
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        if self._guard.wake_fd >= 0:
+            poller.register(self._guard.wake_fd, select.POLLIN)
+        return poller
 
     def _flush_backlog(self, poller: Any, by_fd: dict[int, tuple[WorkerHandle, bool | None]]) -> None:
         """Write what each task pipe takes now of its worker's outbox, and poll a pipe that is still
