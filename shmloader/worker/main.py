@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -55,7 +55,6 @@ from shmloader.transport.segment import Segment, prefault
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 
 PARENT_CHECK_S = 0.5
-_PENDING_LIMIT = 8
 
 
 @dataclass
@@ -206,7 +205,9 @@ class _Worker:
         self.id = worker_id
         self.results = results
         self.segments: dict[str, tuple[Segment, np.ndarray]] = {}
-        self.pending: OrderedDict[tuple[int, int], tuple[Any, Any, int]] = OrderedDict()  # (data, batch, needed)
+        # (epoch, task) -> (data, batch, needed) of each task that answered TooSmall, kept until its
+        # retry: at most the tasks this worker holds, and none of an epoch after a later one begins
+        self.pending: dict[tuple[int, int], tuple[Any, Any, int]] = {}
         self.epoch = 0
         torch = sys.modules.get("torch")
         if torch is None and spec.to_torch:  # torch's flavour: seeded as torch's workers always are,
@@ -263,7 +264,7 @@ class _Worker:
             if task.seed is not None:
                 worker_info.seed_task(task.seed)
             t0 = time.perf_counter()
-            kept = self.pending.pop(key, None)
+            kept = self._kept(key) if self.pending else None
             data, batch, needed = (self.fetch(task), None, 0) if kept is None else kept
             t1 = time.perf_counter()
             return self.fill(task, data, batch, t1 - t0, needed)
@@ -324,10 +325,20 @@ class _Worker:
         return run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data, alloc)
 
     def _remember(self, key: tuple[int, int], data: Any, batch: Any, needed: int) -> None:
-        """Keep a batch that did not fit (``batch`` None: not collated, its size read off the samples)."""
+        """Keep a batch that did not fit (``batch`` None: not collated, its size read off the samples)
+        until its retry, however many the worker holds: a retry that fetched again would advance an
+        iterable dataset (a batch lost) or draw a random augmentation twice."""
         self.pending[key] = (data, batch, needed)
-        while len(self.pending) > _PENDING_LIMIT:
-            self.pending.popitem(last=False)
+
+    def _kept(self, key: tuple[int, int]) -> tuple[Any, Any, int] | None:
+        """What ``_remember`` kept for task ``key``, if anything. A task of a later epoch lets go of
+        what an abandoned epoch kept: the main process sends no task of an epoch once it has sent
+        one of a later one, so no retry of it can come."""
+        kept = self.pending.pop(key, None)
+        if kept is None:
+            for stale in [k for k in self.pending if k[0] != key[0]]:
+                del self.pending[stale]
+        return kept
 
     # -- segments --------------------------------------------------------------------------
     def allocator(self, ref: SlotRef) -> SlotAllocator:
