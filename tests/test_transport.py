@@ -125,16 +125,19 @@ def test_close_unlinks_but_keeps_viewed_memory_mapped():
 def test_reorder_in_order_skips_and_out_of_order():
     r: Reorder[str] = Reorder(in_order=True)
     r.put(1, "b")
-    assert r.pop() is None
+    assert r.pop() is None and not r.has_due()
     r.skip(0)
+    assert r.has_due()  # the skipped task is passed over
     assert r.pop() == "b"
     r.put(2, "c")
     with pytest.raises(ValueError, match="already has an outcome"):
         r.put(2, "again")
-    assert r.pop() == "c" and r.pop() is None
+    assert r.has_due() and r.pop() == "c" and r.pop() is None and not r.has_due()
     free: Reorder[str] = Reorder(in_order=False)
+    assert not free.has_due()
     free.put(5, "late")
     free.put(3, "early")
+    assert free.has_due()
     assert [free.pop(), free.pop(), free.pop()] == ["late", "early", None]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import select
+import threading
 
 import numpy as np
 import pytest
@@ -83,3 +84,40 @@ def test_a_death_of_a_worker_whose_batch_is_not_due_is_seen_while_the_wait_sleep
         loader.close()
     assert not flag.exists()
     assert got == [1.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]  # batch 0: the gate opened, not timed out
+
+
+class Done(shmloader.Dataset):
+    """Sample 0 hangs (an event nobody sets: the due batch never comes); sample 3, worker 1's
+    second task, sets ``done`` when fetched."""
+
+    def __init__(self, done) -> None:  # noqa: ANN001 - an mp.Event
+        self.done = done
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == 0:
+            threading.Event().wait(30)
+        if i == 3:
+            self.done.set()
+        return np.array([float(i)])
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_names_only_the_tasks_still_outstanding_not_replies_left_unread():
+    """The sleeping wait leaves worker 1's replies in its pipe; ``timeout=`` must read them before it
+    says what was outstanding where, or it blames a worker that finished its tasks long before."""
+    done = CTX.Event()
+    loader = shmloader.DataLoader(Done(done), batch_size=1, num_workers=2, multiprocessing_context="fork",
+                                  timeout=2)
+    try:
+        it = iter(loader)
+        it._dispatch()  # tasks 0 and 2 to worker 0 (task 0 never finishes), 1 and 3 to worker 1
+        assert done.wait(30)
+        with pytest.raises(shmloader.errors.WorkerTimeout) as info:
+            next(it)
+    finally:
+        loader.close()
+    assert set(info.value.tasks) == {0, 2}, info.value.tasks
+    assert "worker 0" in str(info.value) and "worker 1" not in str(info.value), str(info.value)

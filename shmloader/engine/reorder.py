@@ -50,6 +50,15 @@ class Reorder(Generic[T]):
         self.next_due += 1
         return item
 
+    def has_due(self) -> bool:
+        """Whether ``pop`` would return an item now."""
+        if not self.in_order:
+            return bool(self._arrivals)
+        due = self.next_due
+        while due in self._skipped:
+            due += 1
+        return due in self._items
+
     def __len__(self) -> int:
         return len(self._items)
 

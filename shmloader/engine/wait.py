@@ -289,6 +289,10 @@ class WaitAndRecover:
                 return
         timeout_s = self._plan.timeout_s
         if timeout_s > 0 and now >= started + timeout_s:
+            for w in list(self._pool.workers):  # the sleeping wait left other workers' replies unread:
+                self._drain(w)  # what they finished is not outstanding, and must not be named so
+            if self._reorder.has_due() or self._fault is not None:
+                return  # the due batch (or a failure) came as time ran out: the step loop takes it
             held = {w.id: w.pid for w in self._pool.workers if w.outstanding}
             raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
 
