@@ -76,6 +76,17 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
     def __init__(self, plan: Plan) -> None:
         self._creator = ProcessOwner()
         self._guard = StepGuard()  # the thread inside next() owns this iterator (engine/stepguard.py)
+        try:
+            self._build(plan)
+        except BaseException:  # the sampler, the ring, a worker's start, a Ctrl-C: what was made goes
+            self.close()
+            raise
+        for w in self._pool.workers:
+            self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
+        self._begin_epoch()
+
+    def _build(self, plan: Plan) -> None:
+        """Everything the iterator owns after its step guard: sampler, ring, ledger, workers (started)."""
         super().__init__(plan)
         cfg = plan.config
         self._prefetch = plan.prefetch_factor
@@ -96,16 +107,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._growths = Growths(self._ledger)
         self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)
         _live.add(self)
-        try:
-            if cfg.slot_bytes:
-                plan.preflight(self._ring, self._slot_bytes, ring_slots(self._num_workers, self._prefetch))
-            self._pool.start_all()
-        except BaseException:
-            self.close()
-            raise
-        for w in self._pool.workers:
-            self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
-        self._begin_epoch()
+        if cfg.slot_bytes:
+            plan.preflight(self._ring, self._slot_bytes, ring_slots(self._num_workers, self._prefetch))
+        self._pool.start_all()
 
     # -- epoch life cycle ----------------------------------------------------------------------
     def _begin_epoch(self) -> None:
@@ -174,11 +178,16 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         if self._shut_done:
             return
         self._shut_done = True
-        self._plan.book.reused_seed = None
+        # what a constructor that failed part-way did not make yet is not there to shut
+        plan, pool, ring = (self.__dict__.get(name) for name in ("_plan", "_pool", "_ring"))
+        if plan is not None:
+            plan.book.reused_seed = None
         try:
-            self._pool.shutdown() if grace_s is None else self._pool.shutdown(grace_s)
+            if pool is not None:
+                pool.shutdown() if grace_s is None else pool.shutdown(grace_s)
         finally:
-            self._ring.close()
+            if ring is not None:
+                ring.close()
             self._guard.close_pipe()
             _live.discard(self)
 

@@ -27,8 +27,8 @@ attach. Promises:
   last view is garbage-collected (the file is already gone after ``unlink``).
 
 The owner's lock (what makes the sweep safe across pid namespaces, issue 15): the creating
-process holds ``flock(LOCK_SH)`` on the file from creation until ``unlink``/``close``, through a
-descriptor the segment keeps open. A flock belongs to the open file description and vanishes when
+process holds ``flock(LOCK_SH)`` on the file from creation until its mapping is closed
+(``unlink`` then ``close``), through the descriptor the mapping keeps open. A flock belongs to the open file description and vanishes when
 the last descriptor of it closes, which the kernel does when the owner dies however it dies, in
 whatever pid namespace it ran. A sweeper (:mod:`shmloader.transport.sweep`) removes a file only
 after taking ``LOCK_EX | LOCK_NB`` on it, which succeeds only when no owner holds it.
@@ -45,7 +45,12 @@ after taking ``LOCK_EX | LOCK_NB`` on it, which succeeds only when no owner hold
   drops the file and tries a fresh name.
 - Workers open the file by name with their own descriptor (another open file description),
   take no lock and close the descriptor once mapped: they never prolong the owner's lock.
-- Costs one descriptor per segment for its life, besides the one ``mmap`` keeps. On a
+- Costs one descriptor per segment for its life: the one ``mmap`` keeps, a duplicate of ours
+  (the same open file description, so it holds the same lock), which closes with the mapping. Ours
+  is closed once every byte is reserved (at ``create``, or when ``reserve`` reserves the last
+  part), so a user who holds many batches holds one descriptor per batch, as torch's tensors do.
+  The lock therefore lasts until the mapping is closed, which ``close`` does after ``unlink``,
+  or, while views keep the mapping, until the last view goes (the file is already gone). On a
   filesystem without ``flock`` the segment is made unlocked, with one warning: only the pid check
   then protects it from other sweepers.
 """
@@ -123,8 +128,10 @@ def _tracked(shm_dir: str) -> bool:
 class Segment:
     """One mapped shared-memory file. ``buf`` is the writable mapping.
 
-    An owned segment (``create``) holds the owner's lock through ``_fd`` until ``unlink`` or
-    ``close``; an attached one (``attach``) holds no descriptor (``_fd`` is -1).
+    An owned segment (``create``) holds the owner's lock through the descriptor its mapping keeps
+    (``mmap`` duplicates the one it maps: the same open file description, so the same lock), and
+    through ``_fd`` as well only while bytes are left to reserve; an attached one (``attach``)
+    holds the mapping's descriptor only (``_fd`` is -1).
     """
 
     __slots__ = ("name", "size_bytes", "path", "buf", "reserved", "_tracked", "_owner", "_fd", "__weakref__")
@@ -164,7 +171,7 @@ class Segment:
             if tracked:
                 _register(name)
                 registered = True
-            return cls(name, size, path, buf, tracked, owner=True, fd=fd, reserved=size if reserve else 0)
+            segment = cls(name, size, path, buf, tracked, owner=True, fd=fd, reserved=size if reserve else 0)
         except BaseException:
             if registered:
                 _unregister(name)
@@ -172,6 +179,9 @@ class Segment:
                 buf.close()
             _discard(path, fd)
             raise
+        if reserve:
+            segment._release()  # the mapping's own descriptor holds the lock from here on
+        return segment
 
     @classmethod
     def attach(cls, shm_dir: str, name: str, size_bytes: int) -> Segment:
@@ -191,7 +201,10 @@ class Segment:
         if n > 0:
             os.posix_fallocate(self._fd, self.reserved, n)
             self.reserved += n
-        return self.reserved >= self.size_bytes
+        if self.reserved < self.size_bytes:
+            return False
+        self._release()  # reserved: the mapping's own descriptor holds the lock from here on
+        return True
 
     def unlink(self) -> None:
         """Remove the file (owner only), then release the lock; the mapping stays valid for live views."""
@@ -341,11 +354,25 @@ def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
             raise type(exc)(exc.errno, f"cannot create a shared-memory segment in {shm_dir} ({exc.strerror}): "
                             "that directory is set by SHMLOADER_SHM_DIR or shm_dir= (default /dev/shm) and must "
                             "be a writable tmpfs", exc.filename) from exc
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise _descriptors_error(exc, shm_dir) from exc
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
             raise
         free = shm_free_bytes(shm_dir)
         raise space_error(shm_dir, nbytes, -1 if free is None else free,
                           f"a new shared-memory segment of {nbytes} bytes ({exc.strerror})") from exc
+
+
+def _descriptors_error(exc: OSError, shm_dir: str) -> OSError:
+    """Out of file descriptors while making a segment: the same errno, and what to do about it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "the system's limit" if exc.errno == errno.ENFILE else f"this process's limit, ulimit -n: {soft}"
+    return OSError(exc.errno, f"cannot create a shared-memory segment in {shm_dir}: too many open files ({limit}). "
+                   "Each slot keeps one descriptor open, and each batch you hold keeps its slot: hold fewer "
+                   "batches at once (copy what you keep, e.g. batch.copy()), or raise the limit (ulimit -n, "
+                   "resource.setrlimit(resource.RLIMIT_NOFILE, ...))", exc.filename)
 
 
 def _register(name: str) -> None:
