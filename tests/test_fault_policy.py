@@ -35,6 +35,18 @@ def test_three_deaths_in_a_row_of_one_task_make_it_poison() -> None:
     assert list(verdict.deaths) == ["death 0", "death 1", "death 2"]
 
 
+def test_a_poison_task_of_many_attempts_names_a_few_deaths_and_keeps_them_all() -> None:
+    policy = FaultPolicy("restart", max_restarts=10_000, max_task_attempts=1000)
+    streak = Streak()
+    for n in range(1000):
+        streak = after_death(streak, (0, 5), f"worker 1 (pid {n}) died")
+    verdict = decide(policy, streak, restarts=1000)
+    assert isinstance(verdict, PoisonTask) and len(verdict.deaths) == 1000
+    text = str(verdict)
+    assert len(text) < 1000, len(text)
+    assert "(pid 0)" in text and "(pid 999)" in text and "994 more" in text and "(pid 500)" not in text
+
+
 def test_a_death_of_another_task_in_between_breaks_the_streak() -> None:
     streak = Streak()
     for head in [(0, 5), (0, 5), (0, 6), (0, 5), (0, 5)]:  # an outside killer picking workers at random

@@ -212,11 +212,20 @@ def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: T
 
 def poison(task: int, indices: Sequence[int] | None, attempts: int, deaths: Sequence[str]) -> PoisonTask:
     msg = (f"task {task} (sample indices {format_indices(indices)}) killed its worker on each of "
-           f"{attempts} attempts and is not retried again: " + "; ".join(deaths) +
+           f"{attempts} attempts and is not retried again: " + _some(deaths) +
            ". Check those samples; max_task_attempts (SHMLOADER_MAX_TASK_ATTEMPTS) sets the bound.")
     exc = PoisonTask(msg, task=task, indices=list(indices or []), attempts=attempts, deaths=deaths)
     exc.tasks = {task: list(indices or [])}  # type: ignore[attr-defined]  # as the other errors carry it
     return exc
+
+
+def _some(deaths: Sequence[str], shown: int = 6) -> str:
+    """The deaths, joined; past ``shown``, the first and last few and how many between (the error's
+    ``deaths`` keeps them all)."""
+    if len(deaths) <= shown:
+        return "; ".join(deaths)
+    half = shown // 2
+    return "; ".join([*deaths[:half], f"... {len(deaths) - 2 * half} more ...", *deaths[-half:]])
 
 
 def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None]) -> WorkerTimeout:
