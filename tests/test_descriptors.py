@@ -126,3 +126,29 @@ def test_the_batches_a_user_holds_cost_one_descriptor_each():
     out = subprocess.run([sys.executable, "-c", _HOLD_ALL], capture_output=True, text=True, timeout=110, env=env)
     assert out.returncode == 3, out.stdout + out.stderr[-2000:]
     assert "ulimit -n" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("after", ["flock", "fstat"])
+def test_a_ctrl_c_as_create_takes_the_owners_lock_leaves_no_file_and_no_descriptor(tmp_path, monkeypatch, after):
+    """A Ctrl-C is raised right after a system call returns: here, the lock's, or the check that
+    the locked file is still the one at the path."""
+    import fcntl
+
+    real = {"flock": fcntl.flock, "fstat": os.fstat}[after]
+    module = fcntl if after == "flock" else os
+
+    fired: list[bool] = []
+
+    def interrupted(*args):  # noqa: ANN002, ANN202
+        out = real(*args)
+        if not fired:  # once: the cleanup's own calls then run
+            fired.append(True)
+            raise KeyboardInterrupt
+        return out
+
+    before = _fds()
+    monkeypatch.setattr(module, after, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Segment.create(str(tmp_path), 4096)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == [] and _fds() == before

@@ -28,9 +28,9 @@ attach. Promises:
 
 The owner's lock (what makes the sweep safe across pid namespaces, issue 15): the creating
 process holds ``flock(LOCK_SH)`` on the file from creation until its mapping is closed
-(``unlink`` then ``close``), through the descriptor the mapping keeps open. A flock belongs to the open file description and vanishes when
-the last descriptor of it closes, which the kernel does when the owner dies however it dies, in
-whatever pid namespace it ran. A sweeper (:mod:`shmloader.transport.sweep`) removes a file only
+(``unlink`` then ``close``), through the descriptor the mapping keeps open. A flock belongs to
+the open file description and vanishes when the last descriptor of it closes, which the kernel
+does when the owner dies however it dies, in whatever pid namespace it ran. A sweeper (:mod:`shmloader.transport.sweep`) removes a file only
 after taking ``LOCK_EX | LOCK_NB`` on it, which succeeds only when no owner holds it.
 
 - A process that forks inherits the descriptors, and with them the lock (the same open file
@@ -254,7 +254,10 @@ def prefault(buf: mmap.mmap, nbytes: int) -> None:
 
 
 def _create_locked(shm_dir: str) -> tuple[str, str, int]:
-    """Create a file under a fresh name and take the owner's lock; returns (name, path, fd)."""
+    """Create a file under a fresh name and take the owner's lock; returns (name, path, fd).
+
+    The one owner of each fresh file until it returns it: on any failure, a Ctrl-C included, the
+    file (if the path still names it) and its descriptor go, once."""
     name = ""
     for _ in range(CREATE_ATTEMPTS):
         name = new_name()
@@ -263,8 +266,14 @@ def _create_locked(shm_dir: str) -> tuple[str, str, int]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
             continue  # taken (by chance, or by someone who listed the directory): a fresh name
-        if _lock(shm_dir, path, fd):
+        try:
+            ours = _lock(shm_dir, fd) and same_file(path, fd)  # not: removed or replaced before the lock
+        except BaseException:
+            _discard(path, fd)
+            raise
+        if ours:
             return name, path, fd
+        _discard(path, fd)  # a sweeper got it first: it goes (if still ours to remove), a fresh name
     raise SegmentCollision(
         f"could not create a shared-memory segment in {shm_dir}: each of {CREATE_ATTEMPTS} attempts "
         f"found its fresh random name taken (or removed before it could be locked); the last was {name}. "
@@ -274,26 +283,18 @@ def _create_locked(shm_dir: str) -> tuple[str, str, int]:
     )
 
 
-def _lock(shm_dir: str, path: str, fd: int) -> bool:
-    """Take the owner's lock on a fresh file; False (file dropped, fd closed) when a sweeper got it first."""
+def _lock(shm_dir: str, fd: int) -> bool:
+    """Take the owner's lock on a fresh file without waiting; False when a sweeper holds it (about
+    to remove it). A file system without ``flock``: True, with one warning."""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # never waits: a holder of LOCK_EX is removing it
     except BlockingIOError:
-        _discard(path, fd)
         return False
     except OSError as exc:
         if exc.errno not in _NO_FLOCK:
-            _discard(path, fd)
             raise
         _warn_unlocked(shm_dir, exc)
-        return True
-    except BaseException:
-        _discard(path, fd)
-        raise
-    if same_file(path, fd):
-        return True
-    os.close(fd)  # the file we locked is no longer at that path
-    return False
+    return True
 
 
 def _warn_unlocked(shm_dir: str, exc: OSError) -> None:
