@@ -26,6 +26,14 @@ the loader is no longer what sets the pace; the main CPU column is then the time
 With ``--prefetch-factors 2,4`` every revision runs once per ``prefetch_factor`` in each round (the
 rows are labelled ``REV pf=N``); without it the loaders' default (2, torch's).
 
+With ``--main-core`` each child pins its main process to CPU 0 and its workers (through
+``worker_init_fn``) to the other CPUs: the main process has a core, and its caches, to itself, as
+on a host with cores to spare, while the workers share what is left (on 2 CPUs, one core).
+
+With ``--rusage`` two more columns: the main process's system CPU per batch (part of its CPU
+column: the kernel's share, system calls and the sleeps and wake-ups) and its voluntary context
+switches per batch (how often it slept), from ``resource.getrusage`` over the timed stretch.
+
 With ``--hotpath`` each child runs ``benchmarks/hotpath.py`` (of this checkout, on the revision's
 package) instead: the main process's Python work per batch without the pipes, whose spread is a
 fraction of a µs; its columns are net, raw and harness µs per batch (see that file).
@@ -34,8 +42,11 @@ fraction of a µs; its columns are net, raw and harness µs per batch (see that 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,7 +62,7 @@ _BATCH_SIZE = {"tiny": 64, "image": 64}
 
 
 def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0.0,
-           which: str = "shmloader", prefetch_factor: int = 0) -> None:
+           which: str = "shmloader", prefetch_factor: int = 0, main_core: bool = False) -> None:
     """Runs in the child: one loader, one timed stretch; prints main-CPU, rate, workers-CPU.
 
     With ``consumer_us`` the consumer spins that long after each batch (a training step that sets
@@ -75,7 +86,11 @@ def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0
             return samples[i % len(samples)]
 
     source: Any = importlib.import_module("torch.utils.data" if which == "torch" else "shmloader")
-    depth = {"prefetch_factor": prefetch_factor} if prefetch_factor else {}
+    depth: dict[str, Any] = {"prefetch_factor": prefetch_factor} if prefetch_factor else {}
+    if main_core:
+        others = frozenset(os.sched_getaffinity(0) - {0})
+        os.sched_setaffinity(0, {0})
+        depth["worker_init_fn"] = functools.partial(_to_cores, others)
     loader = source.DataLoader(Cached(), batch_size=_BATCH_SIZE[workload], num_workers=num_workers,
                                persistent_workers=num_workers > 0, **depth)
     it = iter(loader)
@@ -86,6 +101,7 @@ def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0
     def workers_cpu() -> float:
         return sum(sum(k.cpu_times()[:2]) for k in kids)
 
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     if consumer_us:
         cpu, rate, workers = _paced(it, batches, consumer_us / 1e6, workers_cpu)
     else:
@@ -95,10 +111,17 @@ def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0
         c1, t1, k1 = time.process_time(), time.perf_counter(), workers_cpu()
         del batch
         cpu, rate, workers = (c1 - c0) / batches, batches / (t1 - t0), (k1 - k0) / batches
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    sys_cpu, sleeps = (r1.ru_stime - r0.ru_stime) / batches, (r1.ru_nvcsw - r0.ru_nvcsw) / batches
     del it
     if hasattr(loader, "close"):
         loader.close()
-    print(f"{cpu * 1e6:.2f} {rate:.1f} {workers * 1e6:.2f}")
+    print(f"{cpu * 1e6:.2f} {rate:.1f} {workers * 1e6:.2f} {sys_cpu * 1e6:.2f} {sleeps:.3f}")
+
+
+def _to_cores(cores: frozenset[int], _worker_id: int) -> None:
+    """``--main-core``: a worker runs on the CPUs the main process gave up (all but CPU 0)."""
+    os.sched_setaffinity(0, cores)
 
 
 def _paced(it: Any, batches: int, consumer_s: float, workers_cpu: Any) -> tuple[float, float, float]:
@@ -132,28 +155,28 @@ def _checkout(repo: Path, rev: str, into: Path) -> Path:
     return path
 
 
-def _run_child(tree: Path, args: argparse.Namespace, which: str, prefetch_factor: int = 0) -> tuple[float, float, float]:
+def _run_child(tree: Path, args: argparse.Namespace, which: str, prefetch_factor: int = 0) -> tuple[float, ...]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     if args.hotpath:
         cmd = [sys.executable, str(Path(__file__).with_name("hotpath.py")), "--batches", str(args.batches)]
     else:
         cmd = [sys.executable, __file__, "--child", args.workload, str(args.workers), str(args.batches),
-               str(args.consumer_us), which, str(prefetch_factor)]
+               str(args.consumer_us), which, str(prefetch_factor), str(int(args.main_core))]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600,
                          check=False)
     if out.returncode:
         raise RuntimeError(f"child for {tree} failed:\n{out.stderr[-2000:]}")
-    cpu, rate, workers = map(float, out.stdout.split())
-    return cpu, rate, workers
+    figures = [float(v) for v in out.stdout.split()]
+    return (*figures, math.nan, math.nan)[:5]  # hotpath.py prints three
 
 
-def _fmt(values: list[float], unit: str = "") -> str:
-    return f"{statistics.median(values):,.1f}{unit} [{min(values):,.1f}-{max(values):,.1f}]"
+def _fmt(values: list[float], unit: str = "", digits: int = 1) -> str:
+    return f"{statistics.median(values):,.{digits}f}{unit} [{min(values):,.{digits}f}-{max(values):,.{digits}f}]"
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
-        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5], int(argv[6]))
+        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5], int(argv[6]), argv[7] == "1")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("revisions", nargs="+", help=f"git revisions, {WORKTREE} for the checkout as it is, "
@@ -167,7 +190,15 @@ def main(argv: list[str]) -> int:
                         help="the consumer spins this long per batch; main CPU is then what next() takes")
     parser.add_argument("--prefetch-factors", default="", help="comma-separated prefetch_factor values: each "
                         "revision runs at each (default: the loaders' own, 2)")
+    parser.add_argument("--rusage", action="store_true", help="two more columns: the main process's system "
+                        "CPU and its sleeps (voluntary context switches) per batch")
+    parser.add_argument("--main-core", action="store_true", help="the main process on CPU 0, its workers on "
+                        "the others (a core to itself, as on a host with cores to spare)")
     args = parser.parse_args(argv)
+    if args.main_core and (args.hotpath or not os.sched_getaffinity(0) - {0} or 0 not in os.sched_getaffinity(0)):
+        parser.error("--main-core needs CPU 0 and another CPU to run on, and is not for --hotpath")
+    if args.rusage and args.hotpath:
+        parser.error("--rusage is for the loaders' run, not for --hotpath")
     if args.hotpath and TORCH in args.revisions:
         parser.error(f"--hotpath times shmloader's iterator: {TORCH} has none")
     try:
@@ -178,7 +209,7 @@ def main(argv: list[str]) -> int:
         parser.error("--prefetch-factors takes integers >= 1, and not with --hotpath")
     repo = Path(__file__).resolve().parent.parent
     variants = [(rev, pf) for rev in args.revisions for pf in depths]
-    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {v: [] for v in variants}
+    results: dict[tuple[str, int], list[tuple[float, ...]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="shmloader-ab-") as tmp:
         trees = {rev: _checkout(repo, rev, Path(tmp)) for rev in args.revisions}
         try:
@@ -191,17 +222,20 @@ def main(argv: list[str]) -> int:
                 if tree != repo:
                     subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False)
     what = "hotpath.py: tiny, num_workers=2" if args.hotpath else f"{args.workload}, num_workers={args.workers}"
+    if args.main_core:
+        what += ", main process on CPU 0, workers on the others"
     if args.consumer_us and not args.hotpath:
         what += f", consumer {args.consumer_us:g} us per batch (main CPU: inside next())"
     print(f"{what}, {args.batches} batches, {args.rounds} rounds, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
     if args.hotpath:
         print("revision | main CPU per batch, net (us) | raw (us) | harness (us)")
     else:
-        print("revision | main CPU per batch (us) | batches/s | workers' CPU per batch (us)")
+        print("revision | main CPU per batch (us) | batches/s | workers' CPU per batch (us)"
+              + (" | main system CPU per batch (us) | main sleeps per batch" if args.rusage else ""))
+    columns = 5 if args.rusage else 3
     for (rev, pf), rows in results.items():
-        cpu, rate, workers = ([row[i] for row in rows] for i in range(3))
         label = f"{rev} pf={pf}" if pf else rev
-        print(f"{label} | {_fmt(cpu)} | {_fmt(rate)} | {_fmt(workers)}")
+        print(" | ".join([label, *(_fmt([row[i] for row in rows], digits=2 if i == 4 else 1) for i in range(columns))]))
     return 0
 
 

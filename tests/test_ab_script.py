@@ -17,14 +17,38 @@ ROW = re.compile(r"^WORKTREE \| [0-9.,]+ \[[0-9.,]+-[0-9.,]+\] \| [0-9.,]+ \[[0-
                  r"[0-9.,]+ \[[0-9.,]+-[0-9.,]+\]$")
 
 
+_CPUS = os.sched_getaffinity(0)
+_MAIN_CORE = pytest.mark.skipif(len(_CPUS) < 2 or 0 not in _CPUS,
+                                reason="--main-core pins the main process to CPU 0 and the workers to the others")
+
+
 @pytest.mark.timeout(180)
-def test_ab_script_times_the_checkout_and_prints_a_row():
-    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--rounds", "1", "--batches", "40"],
+@pytest.mark.parametrize("extra, header", [
+    ([], "tiny, num_workers=2, 40 batches, 1 rounds"),
+    pytest.param(["--main-core"], "tiny, num_workers=2, main process on CPU 0, workers on the others, 40 batches",
+                 marks=_MAIN_CORE),
+])
+def test_ab_script_times_the_checkout_and_prints_a_row(extra, header):
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", *extra, "--rounds", "1", "--batches", "40"],
                          capture_output=True, text=True, timeout=170)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[0].startswith("tiny, num_workers=2, 40 batches, 1 rounds")
+    assert lines[0].startswith(header)
     assert ROW.match(lines[-1]), lines[-1]
+
+
+@pytest.mark.timeout(180)
+def test_ab_script_rusage_adds_the_main_processs_system_cpu_and_sleeps():
+    out = subprocess.run([sys.executable, str(SCRIPT), "WORKTREE", "--rusage", "--rounds", "1", "--batches", "40"],
+                         capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    header, row = out.stdout.strip().splitlines()[-2:]
+    assert header.endswith("| main system CPU per batch (us) | main sleeps per batch"), header
+    cells = row.split(" | ")
+    assert ROW.match(" | ".join(cells[:4])) and len(cells) == 6, row
+    sys_cpu, sleeps = (float(c.split()[0].replace(",", "")) for c in cells[4:])
+    assert sys_cpu >= 0 and sleeps >= 0
+    assert float(cells[1].split()[0].replace(",", "")) >= sys_cpu  # the system share is part of the CPU column
 
 
 @pytest.mark.timeout(240)
@@ -53,10 +77,12 @@ def test_ab_script_runs_each_revision_at_each_prefetch_factor():
 
 
 @pytest.mark.timeout(60)
-def test_ab_script_refuses_torch_with_hotpath():
-    out = subprocess.run([sys.executable, str(SCRIPT), "TORCH", "--hotpath"], capture_output=True, text=True,
+@pytest.mark.parametrize("flag, named", [("TORCH", "TORCH"), ("--rusage", "--rusage")])
+def test_ab_script_refuses_what_hotpath_cannot_time(flag, named):
+    args = ["WORKTREE", flag] if flag.startswith("--") else [flag]
+    out = subprocess.run([sys.executable, str(SCRIPT), *args, "--hotpath"], capture_output=True, text=True,
                          timeout=50)
-    assert out.returncode == 2 and "--hotpath" in out.stderr and "TORCH" in out.stderr
+    assert out.returncode == 2 and "--hotpath" in out.stderr and named in out.stderr
 
 
 @pytest.mark.timeout(60)
