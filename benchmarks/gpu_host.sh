@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What issues 13 and 16 still need from a machine with a GPU and 16 cores, in three runs of under
-# 10 minutes each (the device tool's limit per command), every output kept under $OUT:
+# 10 minutes each, every output kept under $OUT:
 #
 #   bash benchmarks/gpu_host.sh tests    # GPU tests, then the whole suite on that machine's Python
 #   bash benchmarks/gpu_host.sh scale    # issue 16: bench on 0..14 workers, hotpath.py, floor.py, pages.py, paced ab.py
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 PY="${PYTHON:-python3}"
 
-# At most 8 files come back from $OUT: the small probes share one file, a --json step keeps its
+# Few files under $OUT: the small probes share one file, a --json step keeps its
 # document (stdout) apart from its table (stderr).
 step() {  # step NAME SECONDS COMMAND...: bounded; stdout+stderr appended to $OUT/NAME.txt
     local name=$1 limit=$2
