@@ -1,0 +1,184 @@
+"""A Ctrl-C that lands right after a resource is taken, before its owner has recorded it, still
+leaves nothing behind: no lock held, no worker running, no segment in the shm directory.
+
+Python raises a pending SIGINT between bytecodes, typically right after a C call returns (a
+lock's ``acquire``, a process's ``start``). An adversarial pass injected ``KeyboardInterrupt`` at
+such points (docs/design/shutdown-order.md promises that a Ctrl-C inside ``next()`` is handled,
+and docs/design/ownership.md that every resource has one owner) and found these windows:
+
+- the step lock taken by ``next()`` (or ``close()``) but not yet owned: the next ``next()`` hung,
+  and ``close()`` gave up after ``CLOSE_WAIT_S`` with the workers still running;
+
+Each test injects the interrupt at one such point with a stand-in that does the real work first
+(takes the real lock, really closes the descriptor), then raises.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+from plugin_fixtures import CloseOnBatch
+
+from shmloader import DataLoader
+from shmloader.engine import stepguard
+from shmloader.errors import LoaderClosed
+
+DEADLINE_S = 5.0  # well under stepguard.CLOSE_WAIT_S: a wait that long means the lock was lost
+
+
+def _workers_left() -> list[int]:
+    """Our live child processes, multiprocessing's shared helpers aside."""
+    helpers = ("resource_tracker", "forkserver")
+    left = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not any(h in " ".join(p.cmdline()) for h in helpers):
+                left.append(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+def _loader(tmp_path: Any, **kw: Any) -> DataLoader:
+    return DataLoader(np.arange(32), batch_size=2, num_workers=2, shm_dir=str(tmp_path),
+                      multiprocessing_context="fork", **kw)
+
+
+def _within(call: Callable[[], Any], seconds: float = DEADLINE_S) -> Any:
+    """``call()`` in a daemon thread; its result, or a test failure if it has not returned in time
+    (a hung call stays blocked in its daemon thread instead of hanging the session)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # handed to the test thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"{getattr(call, '__name__', call)} did not return within {seconds:g} s")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+class _InterruptAfterTake:
+    """The step lock, but its next ``acquire`` takes the real lock and then raises
+    ``KeyboardInterrupt``: a Ctrl-C right after the C call returned."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.armed = True
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._real.acquire(blocking, timeout)
+        if got and self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+# -- the step lock (engine/stepguard.py, engine/mp_iterator.py) ---------------------------------
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_right_after_next_takes_the_step_lock_leaves_the_iterator_usable(tmp_path: Any) -> None:
+    loader = _loader(tmp_path)
+    try:
+        it = iter(loader)
+        it._guard._lock = _InterruptAfterTake(it._guard._lock)
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        assert np.asarray(_within(lambda: next(it))).tolist() == [0, 1]  # nothing was taken from the sampler
+        _within(loader.close)
+        assert _workers_left() == []
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_right_after_close_takes_the_step_lock_lets_the_next_close_finish(tmp_path: Any) -> None:
+    loader = _loader(tmp_path, persistent_workers=True)
+    try:
+        it = iter(loader)
+        next(it)
+        it._guard._lock = _InterruptAfterTake(it._guard._lock)
+        with pytest.raises(KeyboardInterrupt):
+            it.close()
+        _within(it.close)  # took CLOSE_WAIT_S and raised LoaderError while the lost lock was held
+        assert _workers_left() == []
+        with pytest.raises(LoaderClosed):
+            _within(lambda: next(it))
+    finally:
+        loader.close()
+
+
+def _open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_a_step_guard_that_fails_to_finish_its_construction_leaves_no_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(fd: int, blocking: bool) -> None:
+        raise KeyboardInterrupt  # a Ctrl-C once the wake-up pipe exists, before the guard does
+
+    before = _open_fds()
+    monkeypatch.setattr(os, "set_blocking", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        stepguard.StepGuard()
+    monkeypatch.undo()
+    assert _open_fds() - before == set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_a_ctrl_c_while_the_wake_up_pipe_closes_leaves_neither_end_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _open_fds()
+    guard = stepguard.StepGuard()
+    real_close = os.close
+
+    def close_then_interrupt(fd: int) -> None:
+        monkeypatch.setattr(os, "close", real_close)  # once
+        real_close(fd)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "close", close_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        guard.close_pipe()
+    assert _open_fds() - before == set()
+    assert guard.wake_fd == -1  # nothing polls, or writes to, a number the process may reuse
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_in_the_shutdown_a_hooks_close_asked_for_still_gives_the_iterator_back(tmp_path: Any) -> None:
+    plugin = CloseOnBatch()  # the shutdown runs as that next() returns, with the step lock held
+    plugin.loader = loader = _loader(tmp_path, plugins=[plugin])
+    try:
+        it = iter(loader)
+        next(it)
+        process = it._pool.workers[0].process
+        join = process.join
+
+        def interrupted_join(timeout: float | None = None) -> None:
+            process.join = join  # once: a Ctrl-C during the polite join of that shutdown
+            raise KeyboardInterrupt
+
+        process.join = interrupted_join
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        assert _workers_left() == []
+        with pytest.raises(LoaderClosed):  # was LoaderError: "called from inside this iterator's own next()"
+            _within(lambda: next(it))
+        _within(loader.close)
+    finally:
+        loader.close()
