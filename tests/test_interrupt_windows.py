@@ -8,9 +8,10 @@ and docs/design/ownership.md that every resource has one owner) and found these 
 
 - the step lock taken by ``next()`` (or ``close()``) but not yet owned: the next ``next()`` hung,
   and ``close()`` gave up after ``CLOSE_WAIT_S`` with the workers still running;
+- a worker started but not yet in its pool's list: ``shutdown`` never stopped it;
 
 Each test injects the interrupt at one such point with a stand-in that does the real work first
-(takes the real lock, really closes the descriptor), then raises.
+(takes the real lock, really closes the descriptor, really starts the process), then raises.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import fault_datasets as fd
 import numpy as np
 import psutil
 import pytest
 from plugin_fixtures import CloseOnBatch
 
 from shmloader import DataLoader
-from shmloader.engine import stepguard
+from shmloader.engine import stepguard, workers
 from shmloader.errors import LoaderClosed
 
 DEADLINE_S = 5.0  # well under stepguard.CLOSE_WAIT_S: a wait that long means the lock was lost
@@ -182,3 +184,66 @@ def test_a_ctrl_c_in_the_shutdown_a_hooks_close_asked_for_still_gives_the_iterat
         _within(loader.close)
     finally:
         loader.close()
+
+
+# -- worker start (engine/workers.py) -----------------------------------------------------------
+class _InterruptAtStartLog:
+    """The pool's logger, but the line that says a worker started raises ``KeyboardInterrupt``
+    once: a Ctrl-C after the worker's process runs, before ``start_all`` (or ``replace``) returns."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.armed = True
+
+    def info(self, msg: str, *args: Any) -> None:
+        if self.armed and msg.startswith("worker %d started"):
+            self.armed = False
+            raise KeyboardInterrupt
+        self._real.info(msg, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _assert_no_worker_after(interrupted: Callable[[], Any]) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+    assert _workers_left() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_once_a_worker_runs_but_before_its_start_returns_leaves_no_worker(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers, "logger", _InterruptAtStartLog(workers.logger))
+    with _loader(tmp_path) as loader:
+        _assert_no_worker_after(lambda: iter(loader))
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_once_a_restarted_worker_runs_but_before_its_start_returns_leaves_no_worker(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    once = tmp_path / "once"
+    once.mkdir()
+    dataset = fd.FaultyDataset(16, where="getitem", how="kill", at=4, once_dir=str(once))
+    with DataLoader(dataset, batch_size=2, num_workers=2, on_worker_death="restart", shm_dir=str(tmp_path),
+                    multiprocessing_context="fork") as loader:
+        it = iter(loader)
+        monkeypatch.setattr(workers, "logger", _InterruptAtStartLog(workers.logger))  # the restart's start
+        _assert_no_worker_after(lambda: list(it))  # a worker dies at sample 4 and is restarted
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_inside_a_workers_start_after_the_fork_leaves_no_worker(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing.context import ForkProcess
+
+    real_start = ForkProcess.start
+
+    def start_then_interrupt(self: Any) -> None:
+        monkeypatch.setattr(ForkProcess, "start", real_start)  # once: the first worker's start
+        real_start(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ForkProcess, "start", start_then_interrupt)
+    with _loader(tmp_path) as loader:
+        _assert_no_worker_after(lambda: iter(loader))
