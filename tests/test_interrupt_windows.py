@@ -9,16 +9,19 @@ and docs/design/ownership.md that every resource has one owner) and found these 
 - the step lock taken by ``next()`` (or ``close()``) but not yet owned: the next ``next()`` hung,
   and ``close()`` gave up after ``CLOSE_WAIT_S`` with the workers still running;
 - a worker started but not yet in its pool's list: ``shutdown`` never stopped it;
+- a segment created but not yet in the ring: its file stayed in the shm directory.
 
 Each test injects the interrupt at one such point with a stand-in that does the real work first
-(takes the real lock, really closes the descriptor, really starts the process), then raises.
+(takes the real lock, really closes the descriptor, really starts the process, really creates
+the segment), then raises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fault_datasets as fd
@@ -30,6 +33,7 @@ from plugin_fixtures import CloseOnBatch
 from shmloader import DataLoader
 from shmloader.engine import stepguard, workers
 from shmloader.errors import LoaderClosed
+from shmloader.transport import ring as ring_mod
 
 DEADLINE_S = 5.0  # well under stepguard.CLOSE_WAIT_S: a wait that long means the lock was lost
 
@@ -247,3 +251,45 @@ def test_a_ctrl_c_inside_a_workers_start_after_the_fork_leaves_no_worker(
     monkeypatch.setattr(ForkProcess, "start", start_then_interrupt)
     with _loader(tmp_path) as loader:
         _assert_no_worker_after(lambda: iter(loader))
+
+
+# -- segments (transport/ring.py) ---------------------------------------------------------------
+@contextlib.contextmanager
+def _interrupt_on_success(shm_dir: str, nbytes: int) -> Iterator[None]:
+    """``explain_enospc``, but leaving it without an error raises ``KeyboardInterrupt``: a Ctrl-C
+    right after ``Segment.create`` returned."""
+    yield
+    raise KeyboardInterrupt
+
+
+def _interrupted_slot(*args: Any, **kw: Any) -> Any:
+    raise KeyboardInterrupt  # a Ctrl-C as the new segment's slot is made
+
+
+@pytest.mark.parametrize("where", ["create", "slot"])
+def test_a_ctrl_c_right_after_a_segment_is_created_leaves_no_file(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    ring = ring_mod.Ring(str(tmp_path))
+    ring.grow(4096, owner=(0, 0))
+    if where == "create":
+        monkeypatch.setattr(ring_mod, "explain_enospc", _interrupt_on_success)
+    else:
+        monkeypatch.setattr(ring_mod, "Slot", _interrupted_slot)
+    with pytest.raises(KeyboardInterrupt):
+        ring.grow(4096, owner=(0, 1))
+    monkeypatch.undo()
+    ring.close()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("step", ["resize", "begin_resize"])
+def test_a_ctrl_c_right_after_a_slots_new_segment_is_created_leaves_no_file(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    ring = ring_mod.Ring(str(tmp_path))
+    slot = ring.grow(4096, owner=(0, 0))
+    monkeypatch.setattr(ring_mod, "explain_enospc", _interrupt_on_success)
+    with pytest.raises(KeyboardInterrupt):
+        getattr(ring, step)(slot, 1 << 16, (0, 0))
+    monkeypatch.undo()
+    ring.close()
+    assert sorted(os.listdir(tmp_path)) == []

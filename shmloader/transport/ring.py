@@ -153,8 +153,14 @@ class Ring:
                 f"({leased} leased by batches the caller still holds). Drop references to old "
                 "batches, or raise max_slots (SHMLOADER_MAX_SLOTS; 0 = no limit)."
             )
-        slot = Slot(len(self.slots), self._new_segment(min_bytes), SlotState.ASSIGNED, owner)
-        self.slots.append(slot)
+        segment = self._new_segment(min_bytes)
+        try:
+            slot = Slot(len(self.slots), segment, SlotState.ASSIGNED, owner)
+            self.slots.append(slot)
+        except BaseException:  # a Ctrl-C before the slot is in the ring: nothing else holds the segment
+            if not self.slots or self.slots[-1].segment is not segment:
+                _discard(segment)
+            raise
         return slot
 
     def resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
@@ -307,12 +313,25 @@ class Ring:
 
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int, reserve: bool = True) -> Segment:
-        """A new segment; with ``reserve=False`` sized only, and not yet shown to ``on_create``."""
-        with explain_enospc(self.shm_dir, page_round(min_bytes)):
-            segment = Segment.create(self.shm_dir, page_round(min_bytes), reserve=reserve)
-        self.created_total += 1
-        if reserve:
-            self._created(segment)
+        """A new segment; with ``reserve=False`` sized only, and not yet shown to ``on_create``.
+
+        The caller gets the segment or nothing: whatever fails once it exists (``on_create``, or a
+        Ctrl-C, which Python raises right after a C call returns) unlinks and closes it before the
+        error leaves. Returning it is the last step, and each caller stores it at once: CPython
+        raises a pending signal after a call into C, as a function starts or at a loop's jump
+        back, never as a Python function returns to its caller."""
+        size = page_round(min_bytes)
+        segment: Segment | None = None
+        try:
+            with explain_enospc(self.shm_dir, size):
+                segment = Segment.create(self.shm_dir, size, reserve=reserve)
+            self.created_total += 1
+            if reserve:
+                self._created(segment)
+        except BaseException:
+            if segment is not None:
+                _discard(segment)
+            raise
         return segment
 
     def _renew(self, slot: Slot, min_bytes: int) -> None:
@@ -321,14 +340,9 @@ class Ring:
         slot.spent = False
 
     def _created(self, segment: Segment) -> None:
-        """Show a fully reserved segment to the pin backend; if that fails, the segment is gone."""
+        """Show a fully reserved segment to the pin backend (if that fails, the caller discards it)."""
         if self._on_create is not None:
-            try:
-                self._on_create(segment)
-            except BaseException:
-                segment.unlink()
-                segment.close()
-                raise
+            self._on_create(segment)
 
     def _linger(self, slot: Slot) -> None:
         """The user still views this slot: unlink it now, unpin and unmap it when its lease dies
@@ -356,3 +370,11 @@ class Ring:
         segment.close()
         if told:
             self.retired_names.append(segment.name)
+
+
+def _discard(segment: Segment) -> None:
+    """Unlink and close a segment that nothing else holds (no worker, no pin backend was told of it)."""
+    try:
+        segment.unlink()
+    finally:
+        segment.close()
