@@ -9,7 +9,9 @@ and docs/design/ownership.md that every resource has one owner) and found these 
 - the step lock taken by ``next()`` (or ``close()``) but not yet owned: the next ``next()`` hung,
   and ``close()`` gave up after ``CLOSE_WAIT_S`` with the workers still running;
 - a worker started but not yet in its pool's list: ``shutdown`` never stopped it;
-- a segment created but not yet in the ring: its file stayed in the shm directory.
+- a segment created but not yet in the ring: its file stayed in the shm directory;
+- a segment's retirement cut short in the pin backend's hook (a slot's replaced segment, or one
+  of several at ``close()``): it, and at ``close()`` every later one, stayed in the directory.
 
 Each test injects the interrupt at one such point with a stand-in that does the real work first
 (takes the real lock, really closes the descriptor, really starts the process, really creates
@@ -292,4 +294,38 @@ def test_a_ctrl_c_right_after_a_slots_new_segment_is_created_leaves_no_file(
         getattr(ring, step)(slot, 1 << 16, (0, 0))
     monkeypatch.undo()
     ring.close()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+class _FailsOnce:
+    """A pin backend's ``on_retire`` whose first call raises ``KeyboardInterrupt`` (a Ctrl-C
+    while a segment is unpinned); the later ones do nothing."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, segment: Any) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_while_a_replaced_segment_is_retired_still_unlinks_it(tmp_path: Any) -> None:
+    ring = ring_mod.Ring(str(tmp_path), on_retire=_FailsOnce())
+    slot = ring.grow(4096, owner=(0, 0))
+    with pytest.raises(KeyboardInterrupt):
+        ring.resize(slot, 1 << 16, (0, 0))  # the slot has its new segment; the old one is retired
+    assert len(os.listdir(tmp_path)) == 1  # the slot's new segment only
+    ring.close()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_ctrl_c_while_close_retires_one_segment_still_unlinks_every_segment(tmp_path: Any) -> None:
+    on_retire = _FailsOnce()
+    ring = ring_mod.Ring(str(tmp_path), on_retire=on_retire)
+    for task in range(3):
+        ring.grow(4096, owner=(0, task))
+    with pytest.raises(KeyboardInterrupt):
+        ring.close()
+    assert on_retire.calls == 3  # every segment was unpinned (tried), not only the first
     assert sorted(os.listdir(tmp_path)) == []

@@ -300,16 +300,27 @@ class Ring:
         if self.closed or not self._creator.here:
             return
         self.closed = True
-        for slot in self.slots:
+        error: BaseException | None = None
+        for slot in self.slots:  # each slot whatever the others raise: a later close() is a no-op
+            try:
+                self._close_slot(slot)
+            except BaseException as exc:  # a pin backend's error, a Ctrl-C: raised once all are done
+                error = error or exc
+        self.slots.clear()
+        self._free.clear()
+        self._cooling.clear()
+        if error is not None:
+            raise error
+
+    def _close_slot(self, slot: Slot) -> None:
+        try:
             self._drop_growing(slot)
+        finally:
             lease = self._leases.get(slot.id)
             if slot.state is SlotState.LEASED and lease is not None and lease.alive:
                 self._linger(slot)
             elif not slot.spent:
                 self._retire(slot.segment)  # the pin backend synchronises before it unpins
-        self.slots.clear()
-        self._free.clear()
-        self._cooling.clear()
 
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int, reserve: bool = True) -> Segment:
@@ -363,13 +374,17 @@ class Ring:
 
     def _retire(self, segment: Segment, told: bool = True, hook: bool = True) -> None:
         """Unlink and unmap; ``told``: workers may map it, so queue its name for them to unmap;
-        ``hook``: the pin backend saw it. Neither holds for a growing segment."""
-        if hook and self._on_retire is not None:
-            self._on_retire(segment)
-        segment.unlink()
-        segment.close()
-        if told:
-            self.retired_names.append(segment.name)
+        ``hook``: the pin backend saw it. Neither holds for a growing segment. The segment is gone
+        whatever the pin backend's hook raises (a Ctrl-C included): its caller has let go of it."""
+        try:
+            if hook and self._on_retire is not None:
+                self._on_retire(segment)
+        finally:
+            try:
+                _discard(segment)
+            finally:
+                if told:
+                    self.retired_names.append(segment.name)
 
 
 def _discard(segment: Segment) -> None:
