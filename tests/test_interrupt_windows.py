@@ -11,7 +11,8 @@ and docs/design/ownership.md that every resource has one owner) and found these 
 - a worker started but not yet in its pool's list: ``shutdown`` never stopped it;
 - a segment created but not yet in the ring: its file stayed in the shm directory;
 - a segment's retirement cut short in the pin backend's hook (a slot's replaced segment, or one
-  of several at ``close()``): it, and at ``close()`` every later one, stayed in the directory.
+  of several at ``close()``): it, and at ``close()`` every later one, stayed in the directory;
+- a slot taken out of the ring by ``shrink_to`` before its segment was unlinked: the same.
 
 Each test injects the interrupt at one such point with a stand-in that does the real work first
 (takes the real lock, really closes the descriptor, really starts the process, really creates
@@ -20,6 +21,7 @@ the segment), then raises.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -328,4 +330,24 @@ def test_a_ctrl_c_while_close_retires_one_segment_still_unlinks_every_segment(tm
     with pytest.raises(KeyboardInterrupt):
         ring.close()
     assert on_retire.calls == 3  # every segment was unpinned (tried), not only the first
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+class _RemoveThenInterrupt(collections.deque):  # type: ignore[type-arg]
+    """The ring's free list, but its next ``remove`` removes and then raises ``KeyboardInterrupt``."""
+
+    def remove(self, value: Any) -> None:
+        super().remove(value)
+        raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_while_the_ring_shrinks_still_unlinks_the_slot_it_let_go_of(tmp_path: Any) -> None:
+    ring = ring_mod.Ring(str(tmp_path))
+    slots = [ring.grow(4096, owner=(0, task)) for task in range(3)]
+    for task, slot in enumerate(slots):
+        ring.free(slot, (0, task))
+    ring._free = _RemoveThenInterrupt(ring._free)
+    with pytest.raises(KeyboardInterrupt):
+        ring.shrink_to(1)  # the last slot is out of the ring when the Ctrl-C comes
+    ring.close()
     assert sorted(os.listdir(tmp_path)) == []

@@ -289,9 +289,17 @@ class Ring:
         """Unlink free slots beyond ``keep`` slots in all (the user let go of held batches)."""
         self.collect_released()
         while len(self.slots) > keep and self.slots[-1].state is SlotState.FREE:
-            slot = self.slots.pop()
+            self._drop_last()
+
+    def _drop_last(self) -> None:
+        """Take the last slot out of the ring; once it is out (close() no longer sees it), its
+        segment is unlinked however the rest is cut short."""
+        slot = self.slots[-1]
+        try:
+            self.slots.pop()
             self._free.remove(slot.id)
-            if not slot.spent:
+        finally:
+            if not slot.spent and (not self.slots or self.slots[-1] is not slot):
                 self._retire(slot.segment)
 
     def close(self) -> None:
@@ -325,12 +333,9 @@ class Ring:
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int, reserve: bool = True) -> Segment:
         """A new segment; with ``reserve=False`` sized only, and not yet shown to ``on_create``.
-
-        The caller gets the segment or nothing: whatever fails once it exists (``on_create``, or a
-        Ctrl-C, which Python raises right after a C call returns) unlinks and closes it before the
-        error leaves. Returning it is the last step, and each caller stores it at once: CPython
-        raises a pending signal after a call into C, as a function starts or at a loop's jump
-        back, never as a Python function returns to its caller."""
+        The caller gets it or nothing: whatever fails once it exists (``on_create``, a Ctrl-C) unlinks
+        it. Each caller stores it at once: CPython raises a pending signal after a call into C, as a
+        function starts or at a loop's jump back, never as a Python function returns."""
         size = page_round(min_bytes)
         segment: Segment | None = None
         try:
