@@ -51,11 +51,14 @@ def our_fork() -> Iterator[None]:
     """Mark the calling thread as forking a process of ours (a worker) for the block: that fork is
     not counted as another's (``fork_mark``), and its child knows itself ours (``started_by_us``)."""
     me = threading.get_ident()
-    _our_forks.add(me)  # set.add/discard are atomic under the GIL: no lock needed
     try:
+        _our_forks.add(me)  # inside the try: a Ctrl-C raised as add() returns still unmarks the thread
         yield
     finally:
-        _our_forks.discard(me)
+        try:
+            _our_forks.discard(me)  # set.add/discard are atomic under the GIL: no lock needed
+        finally:
+            _give_back(me)  # the fork is over: a hold its after-hooks did not give back (see below)
 
 
 def started_by_us() -> bool:
@@ -88,45 +91,70 @@ def at_fork_in_child(hook: Callable[[], None]) -> None:
 # in any hook registered before ours) could otherwise start a collection in the child while the
 # cached pid is still the parent's and nothing is frozen: the parent's garbage (an iterator, a
 # ring) would be finalized in the child as if it were the parent, unlinking live segments
-# (tests/test_fork_gc.py). A count, not a flag: two threads may fork at once.
+# (tests/test_fork_gc.py). Two threads may fork at once: each forking thread holds a token.
+#
+# A Ctrl-C can land in these hooks: a SIGINT that arrives during the fork is raised as the next
+# Python hook starts, before its first line, and os.fork only prints it ("Exception ignored") and
+# goes on. A count that the before-hook raised and the after-hook lowered then went negative (the
+# before-hook cut short) or stayed up (the after-hook cut short): the collector was no longer held
+# around forks, or was never enabled again (tests/test_fork_gc.py). So the before-hook records
+# what it took in ``_forking`` (this thread's token: whether the fork is another's) before it
+# changes anything else, and the after-hook gives back only what a token says, removing the token
+# before it changes anything else; each is registered twice and does nothing the second time, so
+# the one pending Ctrl-C that a hook's start raises leaves the other registration to do the work.
+# A token that outlives its fork anyway (two Ctrl-Cs) is given back when the thread's ``our_fork``
+# ends, or by the thread's next fork.
 _hold_lock = threading.Lock()
-_holds = 0
+_forking: dict[int, bool] = {}  # forking thread's ident -> whether its fork is another's (its token)
 _was_enabled = False
 
 
 def _before_fork() -> None:
-    """In the forking thread, just before the fork: hold the collector; count another's fork."""
-    global _holds, _was_enabled, _foreign_forks, _foreign_forking
-    foreign = threading.get_ident() not in _our_forks
+    """In the forking thread, just before the fork: hold the collector; count another's fork.
+    A no-op when this thread holds a token already (the other registration of this hook ran)."""
+    global _was_enabled, _foreign_forks, _foreign_forking
+    me = threading.get_ident()
+    foreign = me not in _our_forks
     with _hold_lock:
-        if _holds == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _holds += 1
+        if me in _forking:
+            return
+        enabled = gc.isenabled()
+        first = not _forking
+        _forking[me] = foreign  # first: the after-hook gives back exactly what is taken from here on
         if foreign:
             _foreign_forking += 1  # first: see fork_mark
             _foreign_forks += 1
+        if first:
+            _was_enabled = enabled
+            gc.disable()
 
 
 def _after_in_parent() -> None:
     """In the forking thread, the fork done: give the collector back; another's fork has returned."""
-    global _holds, _foreign_forking
-    foreign = threading.get_ident() not in _our_forks
+    _give_back(threading.get_ident())
+
+
+def _give_back(me: int) -> None:
+    """Give back what thread ``me``'s token holds, if it holds one (a no-op otherwise)."""
+    global _foreign_forking
     with _hold_lock:
-        _holds -= 1
-        if _holds == 0 and _was_enabled:
-            gc.enable()
+        foreign = _forking.get(me)
+        if foreign is None:
+            return
+        del _forking[me]  # first: nothing below is undone twice
         if foreign:
             _foreign_forking -= 1
+        if not _forking and _was_enabled:
+            gc.enable()
 
 
 def _forked() -> None:
     """In the child, the one thread left: refresh the pid, run the hooks, give the collector back."""
-    global _pid, _holds, _hold_lock, _by_us, _foreign_forking
+    global _pid, _hold_lock, _by_us, _foreign_forking
     _pid = os.getpid()
     _hold_lock = threading.Lock()  # another thread of the parent may have held it at the fork
-    _holds = 0
-    _foreign_forking = 0  # the forks under way were the parent's threads'
+    _forking.clear()  # the forks under way were the parent's threads'
+    _foreign_forking = 0
     _by_us = threading.get_ident() in _our_forks
     _our_forks.clear()  # a process that this child forks in turn is not one of ours
     try:
@@ -138,7 +166,9 @@ def _forked() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; without fork there is nothing to refresh
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_in_parent, after_in_child=_forked)
+    for _registration in range(2):  # twice: a Ctrl-C that one's start raises leaves the other to act
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_in_parent)
+    os.register_at_fork(after_in_child=_forked)
 
 
 class ProcessOwner:

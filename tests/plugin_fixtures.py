@@ -124,3 +124,15 @@ def rule_names_in_this_process() -> list[str]:
     from shmloader.plugins import worker_collate_rules
 
     return sorted(f"{k.__module__}.{k.__qualname__}" for k in worker_collate_rules({}))
+
+
+class CloseOnBatch:
+    """Closes ``loader`` from its hook for task 1, inside that ``next()``: the iterator closes as
+    that ``next()`` returns (docs/design/ownership.md)."""
+
+    loader: Any = None
+
+    @hookimpl
+    def shmloader_batch_ready(self, task: int) -> None:
+        if task == 1:
+            self.loader.close()

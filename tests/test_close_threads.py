@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from plugin_fixtures import CloseOnBatch
 import numpy as np
 import psutil
 import pytest
@@ -103,18 +104,9 @@ def test_close_from_another_thread_while_batches_flow() -> None:
     _close_under_next(it, lambda _t: it._num_yielded >= 20, "twenty batches", loader.close)
 
 
-class _CloseOnBatch:
-    loader: Any = None
-
-    @hookimpl
-    def shmloader_batch_ready(self, task: int) -> None:
-        if task == 1:
-            self.loader.close()
-
-
 @pytest.mark.timeout(60)
 def test_close_from_a_hook_inside_next_takes_effect_when_that_next_returns() -> None:
-    plugin = _CloseOnBatch()
+    plugin = CloseOnBatch()
     plugin.loader, it = _started(fd.FaultyDataset(16), plugins=[plugin])
     assert np.asarray(next(it)).tolist()[0] == fd.sample(0).tolist()
     batch = next(it)  # the hook closes the loader while this next() runs: its batch still comes

@@ -278,3 +278,23 @@ def test_the_fork_count_ignores_our_forks_and_errs_towards_a_fork() -> None:
     finally:
         owner._after_in_parent()
     assert owner.forked_since(during) and not owner.forked_since(owner.fork_mark())
+
+
+def test_a_ctrl_c_right_after_our_fork_marks_the_thread_leaves_its_later_forks_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``our_fork`` marks the thread with ``set.add``; a Ctrl-C raised as that call returns used to
+    leave the mark for good, and the thread's later forks by other code went uncounted (a batch
+    held across one could then be overwritten)."""
+
+    class MarkThenInterrupt(set):
+        def add(self, ident: int) -> None:
+            super().add(ident)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(owner, "_our_forks", MarkThenInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        with owner.our_fork():
+            pass  # pragma: no cover - not reached
+    mark = owner.fork_mark()
+    _fork_and_reap()
+    assert owner.forked_since(mark)

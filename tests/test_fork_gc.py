@@ -241,3 +241,72 @@ def test_a_collection_at_the_fork_before_our_hooks_finalizes_nothing_of_the_pare
     assert got["before"] > 0 and got["batches"] == [0, 2, 4, 6]
     assert got["unlinked"] == 0, got
     assert "KeyError" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+INTERRUPTED_HOOK = textwrap.dedent("""
+    import ctypes, functools, gc, json, logging, os, signal, sys  # logging's at-fork hooks before ours
+    from multiprocessing import util  # (and multiprocessing's)
+
+    hook = sys.argv[1]
+    report_r, report_w = os.pipe()
+
+
+    def report_in_child():  # registered before shmloader's child hook: runs before it
+        os.write(report_w, b"held" if not gc.isenabled() else b"free")
+
+
+    os.register_at_fork(after_in_child=report_in_child)
+    # A Ctrl-C that arrives during the fork: a hook with no Python frame (so no signal check of its
+    # own) sends SIGINT; Python raises it as the next Python hook starts. The signal is a ctypes
+    # int, read at each call: 0 (none) once the first fork is done.
+    sig = ctypes.c_int(signal.SIGINT)
+    ctrl_c = functools.partial(ctypes.CDLL(None).kill, os.getpid(), sig)
+    if hook == "after":  # after-in-parent hooks run in the order registered: this one just before ours
+        os.register_at_fork(after_in_parent=ctrl_c)
+    from shmloader import owner
+    if hook == "before":  # before hooks run in reverse order: this one just before ours
+        os.register_at_fork(before=ctrl_c)
+
+
+    def fork():
+        \"\"\"Fork a child that exits at once: what it saw, and what the parent has after.\"\"\"
+        mark = owner.fork_mark()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        sig.value = 0
+        return {"child": os.read(report_r, 4).decode(), "enabled_after": gc.isenabled(),
+                "counted": owner.fork_mark() == mark + 1}
+
+
+    if hook == "skipped-after":  # both after-hook registrations cut short (two Ctrl-Cs): direct calls
+        with owner.our_fork():
+            owner._before_fork()
+        forks = [{"enabled_after": gc.isenabled()}]
+    else:
+        forks = [fork(), fork()]  # the interrupted fork, and the next one
+    print(json.dumps(forks))
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hook", ["before", "after"])
+def test_a_ctrl_c_inside_a_fork_hook_leaves_the_collector_held_around_every_fork(hook: str) -> None:
+    """A Ctrl-C at a fork is raised as our next fork hook starts, and os.fork only prints it. It
+    used to skip the before-hook's count (the count went negative: the collector was never held
+    around a fork again, and every fork looked under way) or the after-hook's (the collector was
+    never enabled again in the parent)."""
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED_HOOK, hook], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "KeyboardInterrupt" in out.stderr and "owner.py" in out.stderr, out.stderr[-3000:]  # it hit our hook
+    forks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert forks == [{"child": "held", "enabled_after": True, "counted": True}] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_hold_whose_after_hooks_were_both_cut_short_ends_with_our_fork() -> None:
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED_HOOK, "skipped-after"], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [{"enabled_after": True}]

@@ -26,6 +26,7 @@ thread wakes it and waits for it to return before anything is shut.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import pickle
 import time
@@ -125,11 +126,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         Waits for a ``next()`` running in another thread to return first."""
         if not self._creator.here:
             raise self._foreign_error("iter(loader)")
-        self._guard.enter("iter(loader)")
-        try:
-            self._reset_owned(plan)
-        finally:
-            self._guard.leave()
+        self._guard.step("iter(loader)", functools.partial(self._reset_owned, plan))
 
     def _reset_owned(self, plan: Plan) -> None:
         if self._state is IterState.CLOSED:
@@ -163,16 +160,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         """
         if not self._creator.here:
             return
-        if not self._guard.close_begin():
-            return  # called from inside our own next(): it closes the iterator as it returns
-        try:
-            self._close_owned()
-        finally:
-            self._guard.close_end()
+        self._guard.close(self._close_owned)  # from inside our own next(): it closes as it returns
 
     def _close_owned(self) -> None:
+        self._state = IterState.CLOSED  # first: a Ctrl-C in the shutdown leaves it closed, not running
         self._shut(grace_s=None)
-        self._state = IterState.CLOSED
 
     def _shut(self, grace_s: float | None) -> None:
         if self._shut_done:
@@ -206,22 +198,16 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     def _fail(self, exc: BaseException) -> BaseException:
         """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``."""
+        self._state = IterState.BROKEN  # first: a Ctrl-C in the shutdown leaves it broken, not running
         self._shut(grace_s=_BROKEN_GRACE_S)
-        self._state = IterState.BROKEN
         return exc
 
     # -- the step loop -------------------------------------------------------------------------
     def _next_data(self) -> Any:
         if not self._creator.here:
             raise self._foreign_error("next()")
-        guard = self._guard
-        guard.enter("next()")
-        try:
-            return self._step()
-        finally:
-            if guard.stop_requested:  # close() came while this next() ran: the owner closes
-                self._close_owned()
-            guard.leave()
+        # close() from a hook while this next() ran: this next() closes the iterator as it returns
+        return self._guard.step("next()", self._step, on_stop=self._close_owned)
 
     def _step(self) -> Any:
         if self._state is IterState.CLOSED:

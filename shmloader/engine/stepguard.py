@@ -10,75 +10,118 @@ down under it left that ``next()`` waiting forever on pipes that no longer exist
 inside (tests/test_close_threads.py). So the thread inside ``next()`` owns the iterator until it
 returns, by construction:
 
-- ``enter``/``leave`` bracket every step loop; ``next()`` from two threads at once run one after
-  the other; ``next()`` from inside the same thread's ``next()`` (a plugin hook) is refused;
-- ``close_begin`` is how a closer gets the iterator: at once when no ``next()`` runs; otherwise it
-  sets the stop request, wakes the poll, and waits (bounded) for that ``next()`` to return, which
-  it does at its next check, raising ``LoaderClosed``. From inside that ``next()`` (a hook, a
-  signal handler on the same thread) it only sets the request: the ``next()`` closes the iterator
-  as it returns;
+- ``step`` runs every step loop; ``next()`` from two threads at once run one after the other;
+  ``next()`` from inside the same thread's ``next()`` (a plugin hook) is refused;
+- ``close`` is how a closer gets the iterator: at once when no ``next()`` runs; otherwise it sets
+  the stop request, wakes the poll, and waits (bounded) for that ``next()`` to return, which it
+  does at its next check, raising ``LoaderClosed``. From inside that ``next()`` (a hook, a signal
+  handler on the same thread) it only sets the request: the ``next()`` closes the iterator as it
+  returns;
 - the wake-up pipe is written only while it is open, under its own lock, so a late wake-up can
   never land on a file descriptor number the process has since reused.
+
+A Ctrl-C never leaves the step lock held. Python raises a pending SIGINT between bytecodes, most
+often right after a C call such as the lock's ``acquire`` has returned: the lock was taken, and
+the ``KeyboardInterrupt`` comes before any line of ours could note it. The next ``next()`` then
+waited forever, and ``close()`` gave up after ``CLOSE_WAIT_S`` with the workers still running
+(tests/test_interrupt_windows.py). So the lock is an ``RLock``, which records its holder itself, in
+C, as it is taken; it is taken only inside the ``try`` of ``step`` and ``close``, whose ``finally``
+gives it back whenever this thread holds it, however far the ``try`` got. The body ``step`` runs
+and the shutdown a stop request asks for are the callers'; both are inside that ``try``.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from shmloader.errors import LoaderError
+
+T = TypeVar("T")
 
 CLOSE_WAIT_S = 10.0  # how long close() waits for a next() in another thread to notice and return
 
 
 class StepGuard:
+    """One iterator's step lock, its holder's ident, the stop request and the wake-up pipe."""
+
     __slots__ = ("_lock", "owner", "stop_requested", "wake_fd", "_wake_w", "_pipe_lock")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.owner: int | None = None  # ident of the thread inside next(), if any
+        self._lock = threading.RLock()  # re-entry is refused before it is taken: held at most once
+        self.owner: int | None = None  # ident of the thread inside next(), if any (for messages)
         self.stop_requested = False
+        self._pipe_lock = threading.Lock()
         # The read end is polled with the workers' pipes and never read: once written, the
         # iterator is closing, and the pipe stays readable until it is closed with the iterator.
         self.wake_fd, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self._pipe_lock = threading.Lock()
+        try:
+            os.set_blocking(self._wake_w, False)
+        except BaseException:  # no guard is made: nothing else would ever close the pipe
+            self.close_pipe()
+            raise
 
     # -- the stepping thread -------------------------------------------------------------------
-    def enter(self, what: str) -> None:
-        """Take the iterator for one step loop (``what`` names the call, for the error)."""
-        me = threading.get_ident()
-        if self.owner == me:
+    def step(self, what: str, body: Callable[[], T], on_stop: Callable[[], None] | None = None) -> T:
+        """Run ``body`` owning the iterator (``what`` names the call, for the error); then, if a
+        close was asked for meanwhile, ``on_stop`` (the owner closes the iterator). The iterator is
+        given back however either ends, a Ctrl-C included."""
+        self._refuse_reentry(what)
+        try:
+            self._lock.acquire()
+            self.owner = threading.get_ident()
+            try:
+                return body()
+            finally:
+                if on_stop is not None and self.stop_requested:  # close() came while this ran
+                    on_stop()
+        finally:
+            self._give_back()
+
+    def _refuse_reentry(self, what: str) -> None:
+        if self._held_here():
             raise LoaderError(f"{what} was called from inside this iterator's own next() (a plugin hook, or "
                               "a signal handler, on the thread running it): the iterator cannot step twice "
                               "at once; do it after next() returns")
-        self._lock.acquire()
-        self.owner = me
 
-    def leave(self) -> None:
-        self.owner = None
-        self._lock.release()
+    def _held_here(self) -> bool:
+        """Whether the calling thread holds the step lock. The lock itself says (as
+        ``threading.Condition`` asks it), so there is no moment when it is held and this is False."""
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
+
+    def _give_back(self) -> None:
+        """Release the step lock if the calling thread holds it; a no-op otherwise."""
+        if self._held_here():
+            self.owner = None
+            self._lock.release()
 
     # -- a closer ------------------------------------------------------------------------------
-    def close_begin(self) -> bool:
-        """Take the iterator to close it: True once taken (call ``close_end`` after). False when the
-        caller is the thread inside ``next()`` itself: the request is set, and that ``next()``
-        closes the iterator as it returns. Raises ``LoaderError`` if a ``next()`` in another thread
-        does not return within ``CLOSE_WAIT_S`` (it still closes the iterator when it does)."""
+    def close(self, shut: Callable[[], None]) -> None:
+        """Take the iterator and run ``shut``, then give it back. From inside the thread's own
+        ``next()`` (a hook), only set the request: that ``next()`` runs its ``on_stop`` as it
+        returns. Raises ``LoaderError`` if a ``next()`` in another thread does not return within
+        ``CLOSE_WAIT_S`` (it still closes the iterator when it does)."""
+        if self._held_here():
+            self.stop_requested = True
+            return
+        try:
+            self._take_for_close()
+            shut()
+        finally:
+            self._give_back()
+
+    def _take_for_close(self) -> None:
         if self._lock.acquire(blocking=False):
-            return True
+            return
         self.stop_requested = True
-        if self.owner == threading.get_ident():
-            return False
         self._wake()
         if self._lock.acquire(timeout=CLOSE_WAIT_S):
-            return True
+            return
         raise LoaderError(f"close(): next() running in another thread (ident {self.owner}) did not return "
                           f"within {CLOSE_WAIT_S:g} s of being asked to stop (a plugin hook that blocks?); "
                           "the iterator closes itself when that next() returns")
-
-    def close_end(self) -> None:
-        self._lock.release()
 
     def _wake(self) -> None:
         with self._pipe_lock:
@@ -92,6 +135,9 @@ class StepGuard:
         """Close the wake-up pipe (the iterator is shut; nothing polls it any more)."""
         with self._pipe_lock:
             if self._wake_w >= 0:
-                os.close(self._wake_w)
-                os.close(self.wake_fd)
-                self._wake_w = self.wake_fd = -1
+                write_end, read_end = self._wake_w, self.wake_fd
+                self._wake_w = self.wake_fd = -1  # first: a closed number is never written to
+                try:
+                    os.close(write_end)
+                finally:
+                    os.close(read_end)

@@ -9,9 +9,12 @@ zombie; a worker is started the same way the first time and on a restart (same i
 a death during start-up is not blamed on the task that waited for it.
 
 A pool that fails part-way through ``start_all`` (EMFILE, a fork refused at the pid limit, Ctrl-C)
-is torn down by the same ``shutdown`` as a whole one: each worker joins ``workers`` the moment it
-has started, and the worker whose start failed is reaped (if it got as far as existing) and its
-pipes closed before the error leaves ``_start`` (issue 15).
+is torn down by the same ``shutdown`` as a whole one: ``_start`` itself puts each worker in
+``workers`` as soon as its ``start()`` returns, still inside the ``try`` whose handler reaps it (if
+it got as far as existing) and closes its pipes (issue 15). A Ctrl-C that lands once the process
+runs (Python raises it right after a C call returns) used to fall after that ``try`` and before
+``start_all`` or ``replace`` recorded the handle, and left a worker that no ``shutdown`` knew of
+(tests/test_interrupt_windows.py).
 
 Any thread may start a worker (``iter(loader)``, ``next()`` and so ``replace``, in a thread of the
 user's). A worker outlives the thread that started it; it dies with the main process: at once
@@ -186,10 +189,13 @@ class WorkerPool:
         """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
         even when a later one fails to start."""
         for worker_id in range(self.num_workers):
-            self.workers.append(self._start(worker_id))
+            self._start(worker_id)
 
     def _start(self, worker_id: int) -> WorkerHandle:
-        """Start one worker; on any failure nothing of it is left (no process, no pipe end)."""
+        """Start one worker and put it in ``workers`` at ``worker_id`` (a new place, or its dead
+        predecessor's). On any failure nothing of it is left running: no pipe end, and a process
+        that exists is reaped (and is in ``workers``, dead, so ``shutdown`` finishes a reap that
+        another Ctrl-C cuts short)."""
         task_r, task_w = self.ctx.Pipe(duplex=False)
         try:
             res_r, res_w = self.ctx.Pipe(duplex=False)
@@ -207,16 +213,25 @@ class WorkerPool:
             handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog)
             _live_workers.add(process)
             self._launch(process)
+            self._place(handle)  # from here shutdown() stops it, whatever is raised next
         except BaseException:
             _close(task_r, res_w)
-            if handle is not None and handle.pid is not None:
-                _reap(handle)  # it exists (Ctrl-C after the fork): stopped and reaped like any worker
+            if handle is not None and handle.pid is not None:  # it exists (Ctrl-C after the fork)
+                self._place(handle)  # first: a reap cut short by another Ctrl-C is shutdown()'s to finish
+                _reap(handle)
             else:
                 _close(task_w, res_r)  # never forked (or too early to know its pid: it reads EOF, exits)
             raise
-        _close(task_r, res_w)
+        _close(task_r, res_w)  # the worker's ends: it holds its own copies
         logger.info("worker %d started (pid %s)", worker_id, handle.pid)
         return handle
+
+    def _place(self, handle: WorkerHandle) -> None:
+        """Record ``handle`` in ``workers`` at its id (idempotent)."""
+        if handle.id < len(self.workers):
+            self.workers[handle.id] = handle  # a restart: its predecessor is reaped already
+        else:
+            self.workers.append(handle)
 
     def _death_signal_safe(self) -> bool:
         """Whether the worker about to start may die with the thread that forks it (the kernel ties
@@ -253,8 +268,7 @@ class WorkerPool:
         """Reap a dead worker and start its successor under the same id."""
         old = self.workers[worker_id]
         _reap(old)
-        new = self._start(worker_id)
-        self.workers[worker_id] = new
+        new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
         logger.info("worker %d restarted (pid %s replaces %s)", worker_id, new.pid, old.pid)
         return new
 

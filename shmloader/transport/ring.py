@@ -153,8 +153,14 @@ class Ring:
                 f"({leased} leased by batches the caller still holds). Drop references to old "
                 "batches, or raise max_slots (SHMLOADER_MAX_SLOTS; 0 = no limit)."
             )
-        slot = Slot(len(self.slots), self._new_segment(min_bytes), SlotState.ASSIGNED, owner)
-        self.slots.append(slot)
+        segment = self._new_segment(min_bytes)
+        try:
+            slot = Slot(len(self.slots), segment, SlotState.ASSIGNED, owner)
+            self.slots.append(slot)
+        except BaseException:  # a Ctrl-C before the slot is in the ring: nothing else holds the segment
+            if not self.slots or self.slots[-1].segment is not segment:
+                _discard(segment)
+            raise
         return slot
 
     def resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
@@ -283,9 +289,17 @@ class Ring:
         """Unlink free slots beyond ``keep`` slots in all (the user let go of held batches)."""
         self.collect_released()
         while len(self.slots) > keep and self.slots[-1].state is SlotState.FREE:
-            slot = self.slots.pop()
+            self._drop_last()
+
+    def _drop_last(self) -> None:
+        """Take the last slot out of the ring; once it is out (close() no longer sees it), its
+        segment is unlinked however the rest is cut short."""
+        slot = self.slots[-1]
+        try:
+            self.slots.pop()
             self._free.remove(slot.id)
-            if not slot.spent:
+        finally:
+            if not slot.spent and (not self.slots or self.slots[-1] is not slot):
                 self._retire(slot.segment)
 
     def close(self) -> None:
@@ -294,25 +308,46 @@ class Ring:
         if self.closed or not self._creator.here:
             return
         self.closed = True
-        for slot in self.slots:
+        error: BaseException | None = None
+        for slot in self.slots:  # each slot whatever the others raise: a later close() is a no-op
+            try:
+                self._close_slot(slot)
+            except BaseException as exc:  # a pin backend's error, a Ctrl-C: raised once all are done
+                error = error or exc
+        self.slots.clear()
+        self._free.clear()
+        self._cooling.clear()
+        if error is not None:
+            raise error
+
+    def _close_slot(self, slot: Slot) -> None:
+        try:
             self._drop_growing(slot)
+        finally:
             lease = self._leases.get(slot.id)
             if slot.state is SlotState.LEASED and lease is not None and lease.alive:
                 self._linger(slot)
             elif not slot.spent:
                 self._retire(slot.segment)  # the pin backend synchronises before it unpins
-        self.slots.clear()
-        self._free.clear()
-        self._cooling.clear()
 
     # -- internals -----------------------------------------------------------------------
     def _new_segment(self, min_bytes: int, reserve: bool = True) -> Segment:
-        """A new segment; with ``reserve=False`` sized only, and not yet shown to ``on_create``."""
-        with explain_enospc(self.shm_dir, page_round(min_bytes)):
-            segment = Segment.create(self.shm_dir, page_round(min_bytes), reserve=reserve)
-        self.created_total += 1
-        if reserve:
-            self._created(segment)
+        """A new segment; with ``reserve=False`` sized only, and not yet shown to ``on_create``.
+        The caller gets it or nothing: whatever fails once it exists (``on_create``, a Ctrl-C) unlinks
+        it. Each caller stores it at once: CPython raises a pending signal after a call into C, as a
+        function starts or at a loop's jump back, never as a Python function returns."""
+        size = page_round(min_bytes)
+        segment: Segment | None = None
+        try:
+            with explain_enospc(self.shm_dir, size):
+                segment = Segment.create(self.shm_dir, size, reserve=reserve)
+            self.created_total += 1
+            if reserve:
+                self._created(segment)
+        except BaseException:
+            if segment is not None:
+                _discard(segment)
+            raise
         return segment
 
     def _renew(self, slot: Slot, min_bytes: int) -> None:
@@ -321,14 +356,9 @@ class Ring:
         slot.spent = False
 
     def _created(self, segment: Segment) -> None:
-        """Show a fully reserved segment to the pin backend; if that fails, the segment is gone."""
+        """Show a fully reserved segment to the pin backend (if that fails, the caller discards it)."""
         if self._on_create is not None:
-            try:
-                self._on_create(segment)
-            except BaseException:
-                segment.unlink()
-                segment.close()
-                raise
+            self._on_create(segment)
 
     def _linger(self, slot: Slot) -> None:
         """The user still views this slot: unlink it now, unpin and unmap it when its lease dies
@@ -349,10 +379,22 @@ class Ring:
 
     def _retire(self, segment: Segment, told: bool = True, hook: bool = True) -> None:
         """Unlink and unmap; ``told``: workers may map it, so queue its name for them to unmap;
-        ``hook``: the pin backend saw it. Neither holds for a growing segment."""
-        if hook and self._on_retire is not None:
-            self._on_retire(segment)
+        ``hook``: the pin backend saw it. Neither holds for a growing segment. The segment is gone
+        whatever the pin backend's hook raises (a Ctrl-C included): its caller has let go of it."""
+        try:
+            if hook and self._on_retire is not None:
+                self._on_retire(segment)
+        finally:
+            try:
+                _discard(segment)
+            finally:
+                if told:
+                    self.retired_names.append(segment.name)
+
+
+def _discard(segment: Segment) -> None:
+    """Unlink and close a segment that nothing else holds (no worker, no pin backend was told of it)."""
+    try:
         segment.unlink()
+    finally:
         segment.close()
-        if told:
-            self.retired_names.append(segment.name)
