@@ -79,12 +79,12 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._guard = StepGuard()  # the thread inside next() owns this iterator (engine/stepguard.py)
         try:
             self._build(plan)
+            for w in self._pool.workers:
+                self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
+            self._begin_epoch()
         except BaseException:  # the sampler, the ring, a worker's start, a Ctrl-C: what was made goes
             self.close()
             raise
-        for w in self._pool.workers:
-            self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
-        self._begin_epoch()
 
     def _build(self, plan: Plan) -> None:
         """Everything the iterator owns after its step guard: sampler, ring, ledger, workers (started)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+from threading import get_ident
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -68,19 +69,24 @@ class StepGuard:
         """Run ``body`` owning the iterator (``what`` names the call, for the error); then, if a
         close was asked for meanwhile, ``on_stop`` (the owner closes the iterator). The iterator is
         given back however either ends, a Ctrl-C included."""
-        self._refuse_reentry(what)
+        lock = self._lock  # the calls of _held_here and _give_back inlined: this runs once per batch
+        if lock._is_owned():  # type: ignore[attr-defined]
+            self._refuse_reentry(what)
         try:
-            self._lock.acquire()
-            self.owner = threading.get_ident()
+            lock.acquire()
+            self.owner = get_ident()
             try:
                 return body()
             finally:
                 if on_stop is not None and self.stop_requested:  # close() came while this ran
                     on_stop()
         finally:
-            self._give_back()
+            if lock._is_owned():  # type: ignore[attr-defined]
+                self.owner = None
+                lock.release()
 
     def _refuse_reentry(self, what: str) -> None:
+        """Called by the thread that holds the step lock: it may not step again inside its own step."""
         if self._held_here():
             raise LoaderError(f"{what} was called from inside this iterator's own next() (a plugin hook, or "
                               "a signal handler, on the thread running it): the iterator cannot step twice "
