@@ -178,10 +178,12 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             if pool is not None:
                 pool.shutdown() if grace_s is None else pool.shutdown(grace_s)
         finally:
-            if ring is not None:
-                ring.close()
-            self._guard.close_pipe()
-            _live.discard(self)
+            try:
+                if ring is not None:
+                    ring.close()
+            finally:
+                self._guard.close_pipe()
+                _live.discard(self)
 
     def __del__(self) -> None:
         try:

@@ -26,7 +26,9 @@ the ``KeyboardInterrupt`` comes before any line of ours could note it. The next 
 waited forever, and ``close()`` gave up after ``CLOSE_WAIT_S`` with the workers still running
 (tests/test_interrupt_windows.py). So the lock is an ``RLock``, which records its holder itself, in
 C, as it is taken; it is taken only inside the ``try`` of ``step`` and ``close``, whose ``finally``
-gives it back whenever this thread holds it, however far the ``try`` got. The body ``step`` runs
+gives it back whenever this thread holds it, however far the ``try`` got: its first call, inline,
+is the release itself (refused, harmlessly, when this thread does not hold it), so a Ctrl-C can
+come after the release but never between a check of the lock and the release. The body ``step`` runs
 and the shutdown a stop request asks for are the callers'; both are inside that ``try``.
 """
 
@@ -69,8 +71,8 @@ class StepGuard:
         """Run ``body`` owning the iterator (``what`` names the call, for the error); then, if a
         close was asked for meanwhile, ``on_stop`` (the owner closes the iterator). The iterator is
         given back however either ends, a Ctrl-C included."""
-        lock = self._lock  # the calls of _held_here and _give_back inlined: this runs once per batch
-        if lock._is_owned():  # type: ignore[attr-defined]
+        lock = self._lock
+        if lock._is_owned():  # type: ignore[attr-defined]  # _held_here inlined: once per batch
             self._refuse_reentry(what)
         try:
             lock.acquire()
@@ -81,9 +83,14 @@ class StepGuard:
                 if on_stop is not None and self.stop_requested:  # close() came while this ran
                     on_stop()
         finally:
-            if lock._is_owned():  # type: ignore[attr-defined]
-                self.owner = None
+            # the release is the first call here, made inline: a Ctrl-C is raised after a call
+            # returns, or as a Python function starts, so it can come after it, never before it
+            try:
                 lock.release()
+            except RuntimeError:
+                pass  # not taken: the acquire itself was cut short
+            else:
+                self._forget_owner()
 
     def _refuse_reentry(self, what: str) -> None:
         """Called by the thread that holds the step lock: it may not step again inside its own step."""
@@ -97,11 +104,11 @@ class StepGuard:
         ``threading.Condition`` asks it), so there is no moment when it is held and this is False."""
         return bool(self._lock._is_owned())  # type: ignore[attr-defined]
 
-    def _give_back(self) -> None:
-        """Release the step lock if the calling thread holds it; a no-op otherwise."""
-        if self._held_here():
+    def _forget_owner(self) -> None:
+        """After this thread released the step lock: clear the owner it noted (for messages only),
+        unless another thread has taken the lock and noted itself since."""
+        if self.owner == get_ident():
             self.owner = None
-            self._lock.release()
 
     # -- a closer ------------------------------------------------------------------------------
     def close(self, shut: Callable[[], None]) -> None:
@@ -112,11 +119,17 @@ class StepGuard:
         if self._held_here():
             self.stop_requested = True
             return
+        lock = self._lock
         try:
             self._take_for_close()
             shut()
         finally:
-            self._give_back()
+            try:
+                lock.release()  # first and inline, as in step()
+            except RuntimeError:
+                pass  # not taken: the wait for it ran out, or was cut short
+            else:
+                self._forget_owner()
 
     def _take_for_close(self) -> None:
         if self._lock.acquire(blocking=False):

@@ -157,9 +157,9 @@ class Ring:
         try:
             slot = Slot(len(self.slots), segment, SlotState.ASSIGNED, owner)
             self.slots.append(slot)
-        except BaseException:  # a Ctrl-C before the slot is in the ring: nothing else holds the segment
+        except BaseException:  # a Ctrl-C before the slot is in the ring: only the pin backend saw it
             if not self.slots or self.slots[-1].segment is not segment:
-                _discard(segment)
+                self._retire(segment, told=False)
             raise
         return slot
 

@@ -48,7 +48,7 @@ after taking ``LOCK_EX | LOCK_NB`` on it, which succeeds only when no owner hold
 - Costs one descriptor per segment for its life: the one ``mmap`` keeps, a duplicate of ours
   (the same open file description, so it holds the same lock), which closes with the mapping. Ours
   is closed once every byte is reserved (at ``create``, or when ``reserve`` reserves the last
-  part), so a user who holds many batches holds one descriptor per batch, as torch's tensors do.
+  part: a growing segment has two until then), so a user who holds many batches holds one descriptor per batch, as torch's tensors do.
   The lock therefore lasts until the mapping is closed, which ``close`` does after ``unlink``,
   or, while views keep the mapping, until the last view goes (the file is already gone). On a
   filesystem without ``flock`` the segment is made unlocked, with one warning: only the pid check
@@ -160,6 +160,7 @@ class Segment:
         size = page_round(size_bytes)
         name, path, fd = _create_locked(shm_dir)
         buf: mmap.mmap | None = None
+        segment: Segment | None = None
         registered = False
         try:
             if reserve:
@@ -172,16 +173,15 @@ class Segment:
                 _register(name)
                 registered = True
             segment = cls(name, size, path, buf, tracked, owner=True, fd=fd, reserved=size if reserve else 0)
+            if reserve:
+                segment._release()  # the mapping's own descriptor holds the lock from here on
+            return segment
         except BaseException:
             if registered:
                 _unregister(name)
-            if buf is not None:
-                buf.close()
-            _discard(path, fd)
+            # our descriptor, unless the segment has closed it (then -1: never closed twice)
+            _abandon(path, fd if segment is None else segment._fd, buf)
             raise
-        if reserve:
-            segment._release()  # the mapping's own descriptor holds the lock from here on
-        return segment
 
     @classmethod
     def attach(cls, shm_dir: str, name: str, size_bytes: int) -> Segment:
@@ -207,7 +207,8 @@ class Segment:
         return True
 
     def unlink(self) -> None:
-        """Remove the file (owner only), then release the lock; the mapping stays valid for live views."""
+        """Remove the file (owner only); the mapping stays valid for live views, and keeps the lock
+        (on a file no longer there) until ``close`` or the last view."""
         if not self._owner:
             raise PermissionError(f"segment {self.name} is attached, not owned: only its owner unlinks it")
         try:
@@ -303,6 +304,21 @@ def _warn_unlocked(shm_dir: str, exc: OSError) -> None:
         logger.warning("cannot lock segment files in %s (%s): segments there are made unlocked, so a loader in "
                        "another pid namespace sharing that directory could sweep them; give each its own "
                        "SHMLOADER_SHM_DIR, or set SHMLOADER_SWEEP=0 for those loaders", shm_dir, exc.strerror)
+
+
+def _abandon(path: str, fd: int, buf: mmap.mmap | None) -> None:
+    """A fresh file that ``create`` will not return: it goes while it is still ours (through our
+    descriptor; or, once that is closed (``fd`` -1), through the lock the mapping's descriptor
+    holds, which keeps sweepers off it), then the mapping."""
+    try:
+        if fd >= 0:
+            _discard(path, fd)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    finally:
+        if buf is not None:
+            buf.close()
 
 
 def _discard(path: str, fd: int) -> None:
