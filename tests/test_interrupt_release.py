@@ -25,10 +25,12 @@ from shmloader.transport.segment import Segment
 
 
 def _workers_left() -> list[int]:
+    """Our live child processes, multiprocessing's shared helpers (which other tests start) aside."""
+    helpers = ("resource_tracker", "forkserver")
     left = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and not any(h in " ".join(p.cmdline()) for h in helpers):
                 left.append(p.pid)
         except psutil.NoSuchProcess:
             continue
