@@ -85,11 +85,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _command(list(sys.argv[1:] if argv is None else argv))
         except KeyboardInterrupt:
             pass
+        except Exception as exc:
+            if not _set_off_by_ctrl_c(exc):
+                raise
         # Out of the except block: the traceback, which held the frames of whatever was running, is
         # gone; what the commands did not close themselves is finalized now, not at interpreter exit.
         gc.collect()
     print(f"{_PROG}: interrupted", file=sys.stderr)
     return INTERRUPTED
+
+
+def _set_off_by_ctrl_c(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a KeyboardInterrupt unwound the command (it is in its
+    context chain): torch's SIGCHLD handler, say, raising in the cleanup because the Ctrl-C sent to
+    the process group also ended one of its workers. The interrupt is what the user did."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
 
 
 def _command(args_in: list[str]) -> int:

@@ -114,6 +114,32 @@ def test_every_command_turns_ctrl_c_into_status_130(command: list[str], monkeypa
     assert (captured.out, captured.err) == ("", "python -m shmloader: interrupted\n")
 
 
+def _a_workers_death_in_the_cleanup(*args: object, **kwargs: object) -> int:
+    """What torch's SIGCHLD handler does when a Ctrl-C sent to the process group also ended one of
+    its workers: it raises RuntimeError in the cleanup that the KeyboardInterrupt set off."""
+    try:
+        raise KeyboardInterrupt
+    finally:
+        raise RuntimeError("DataLoader worker (pid 4242) exited unexpectedly with exit code 1.")
+
+
+def test_an_error_the_ctrl_c_set_off_in_the_cleanup_is_still_one_line_and_130(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench, "main", _a_workers_death_in_the_cleanup)
+    assert cli.main(["bench"]) == 130
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "python -m shmloader: interrupted\n")
+
+
+def test_an_error_without_a_ctrl_c_behind_it_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("a real failure")
+
+    monkeypatch.setattr(bench, "main", fails)
+    with pytest.raises(RuntimeError, match="a real failure"):
+        cli.main(["bench"])
+
+
 def _frame_in(filename: str, name: str = "here") -> FrameType:
     """A live frame of a function ``name`` compiled as if from ``filename`` (its caller: this test)."""
     namespace: dict[str, Any] = {"sys": sys}
