@@ -13,9 +13,9 @@ import os
 
 import psutil
 import pytest
+from process_helpers import SHARED_HELPERS
 
 SHM_DIR = "/dev/shm"
-_SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
 
 
 def _our_segments() -> set[str]:
@@ -35,7 +35,7 @@ def _stray_processes() -> list[psutil.Process]:
             cmd = ""
         except psutil.AccessDenied:
             continue
-        if not any(h in cmd for h in _SHARED_HELPERS):
+        if not any(h in cmd for h in SHARED_HELPERS):
             strays.append(p)
     return strays
 

@@ -15,26 +15,13 @@ import os
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
+from process_helpers import workers_left
 
 from shmloader import DataLoader
 from shmloader.errors import LoaderClosed
 from shmloader.transport import ring as ring_mod
 from shmloader.transport.segment import Segment
-
-
-def _workers_left() -> list[int]:
-    """Our live child processes, multiprocessing's shared helpers (which other tests start) aside."""
-    helpers = ("resource_tracker", "forkserver")
-    left = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any(h in " ".join(p.cmdline()) for h in helpers):
-                left.append(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 class _InterruptOnTheWayOut:
@@ -84,7 +71,7 @@ def test_a_ctrl_c_as_next_gives_the_step_lock_back_leaves_it_free(tmp_path):
             next(it)
         assert not lock.real._is_owned()
         loader.close()  # took itself for a hook inside next() and stopped nothing while the lock was held
-        assert _workers_left() == [] and os.listdir(tmp_path) == []
+        assert workers_left() == [] and os.listdir(tmp_path) == []
     finally:
         it._guard._lock = lock.real
         loader.close()
@@ -107,7 +94,7 @@ def test_a_ctrl_c_as_close_gives_the_step_lock_back_leaves_it_free(tmp_path):
         with pytest.raises(KeyboardInterrupt):
             it.close()
         assert not lock.real._is_owned()
-        assert _workers_left() == [] and os.listdir(tmp_path) == []
+        assert workers_left() == [] and os.listdir(tmp_path) == []
         with pytest.raises(LoaderClosed):  # refused as a re-entry while the lock was held
             next(it)
     finally:
@@ -179,6 +166,6 @@ def test_an_error_as_the_ring_closes_still_closes_the_wake_up_pipe(tmp_path):
     try:
         with pytest.raises(RuntimeError, match="unpin failed"):
             it.close()
-        assert it._guard.wake_fd == -1 and _workers_left() == [] and os.listdir(tmp_path) == []
+        assert it._guard.wake_fd == -1 and workers_left() == [] and os.listdir(tmp_path) == []
     finally:
         loader.close()

@@ -30,9 +30,9 @@ from typing import Any
 
 import fault_datasets as fd
 import numpy as np
-import psutil
 import pytest
 from plugin_fixtures import CloseOnBatch
+from process_helpers import workers_left
 
 from shmloader import DataLoader
 from shmloader.engine import stepguard, workers
@@ -40,19 +40,6 @@ from shmloader.errors import LoaderClosed
 from shmloader.transport import ring as ring_mod
 
 DEADLINE_S = 5.0  # well under stepguard.CLOSE_WAIT_S: a wait that long means the lock was lost
-
-
-def _workers_left() -> list[int]:
-    """Our live child processes, multiprocessing's shared helpers aside."""
-    helpers = ("resource_tracker", "forkserver")
-    left = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any(h in " ".join(p.cmdline()) for h in helpers):
-                left.append(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 def _loader(tmp_path: Any, **kw: Any) -> DataLoader:
@@ -111,7 +98,7 @@ def test_a_ctrl_c_right_after_next_takes_the_step_lock_leaves_the_iterator_usabl
             next(it)
         assert np.asarray(_within(lambda: next(it))).tolist() == [0, 1]  # nothing was taken from the sampler
         _within(loader.close)
-        assert _workers_left() == []
+        assert workers_left() == []
         assert list(tmp_path.iterdir()) == []
     finally:
         loader.close()
@@ -127,7 +114,7 @@ def test_a_ctrl_c_right_after_close_takes_the_step_lock_lets_the_next_close_fini
         with pytest.raises(KeyboardInterrupt):
             it.close()
         _within(it.close)  # took CLOSE_WAIT_S and raised LoaderError while the lost lock was held
-        assert _workers_left() == []
+        assert workers_left() == []
         with pytest.raises(LoaderClosed):
             _within(lambda: next(it))
     finally:
@@ -186,7 +173,7 @@ def test_a_ctrl_c_in_the_shutdown_a_hooks_close_asked_for_still_gives_the_iterat
         process.join = interrupted_join
         with pytest.raises(KeyboardInterrupt):
             next(it)
-        assert _workers_left() == []
+        assert workers_left() == []
         with pytest.raises(LoaderClosed):  # was LoaderError: "called from inside this iterator's own next()"
             _within(lambda: next(it))
         _within(loader.close)
@@ -216,7 +203,7 @@ class _InterruptAtStartLog:
 def _assert_no_worker_after(interrupted: Callable[[], Any]) -> None:
     with pytest.raises(KeyboardInterrupt):
         interrupted()
-    assert _workers_left() == []
+    assert workers_left() == []
 
 
 @pytest.mark.timeout(60)
