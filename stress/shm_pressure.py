@@ -3,7 +3,7 @@
 The budget is a small directory given to the loader through ``SHMLOADER_SHM_DIR``: a tmpfs of
 ``--budget-mib`` mounted for the run when this process may mount one (root in a container), or the
 directory ``--dir`` if given; otherwise a plain temporary directory whose free space is *reported* as
-the budget (``shmloader.transport.segment.shm_free_bytes`` patched: the pre-flight checks are exercised, the
+the budget (``shmloader.transport.shm_space.shm_free_bytes`` patched: the pre-flight checks are exercised, the
 kernel's ENOSPC is not). Scenarios:
 
 1. ``preflight``: ``slot_bytes`` so large that the ring cannot fit: ShmSpaceError before any worker
@@ -31,7 +31,7 @@ import _common as c
 import numpy as np
 
 from shmloader import DataLoader, ShmSpaceError
-from shmloader.transport import segment
+from shmloader.transport import shm_space
 
 MIB = 1 << 20
 
@@ -61,15 +61,15 @@ def budget_dir(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
             capture_output=True).returncode == 0
         if not mounted:
             budget = args.budget_mib * MIB
-            real = segment.shm_free_bytes
-            segment.shm_free_bytes = lambda d: budget - _used(d) if d == path else real(d)  # type: ignore
+            real = shm_space.shm_free_bytes
+            shm_space.shm_free_bytes = lambda d: budget - _used(d) if d == path else real(d)  # type: ignore
         try:
             yield path, (f"tmpfs of {args.budget_mib} MiB" if mounted else f"reported budget of {args.budget_mib} MiB")
         finally:
             if mounted:
                 subprocess.run(["umount", path], check=False)
             else:
-                segment.shm_free_bytes = real  # type: ignore[assignment]
+                shm_space.shm_free_bytes = real  # type: ignore[assignment]
 
 
 def _used(path: str) -> int:

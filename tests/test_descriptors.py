@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader.transport.segment import Segment, explain_enospc
+from shmloader.transport.segment import Segment
+from shmloader.transport.shm_space import explain_enospc
 
 
 def _fds() -> int:

@@ -35,7 +35,7 @@ from shmloader import (
 )
 from shmloader.engine import faults
 from shmloader.errors import describe_exit, format_indices
-from shmloader.transport import segment
+from shmloader.transport import shm_space
 
 METHODS = [m for m in ("fork", "spawn") if m in multiprocessing.get_all_start_methods()]
 WHERES = ("start", "init", "getitem", "collate", "pickle", "task")
@@ -164,7 +164,7 @@ def test_describe_exit_names_signals_and_codes() -> None:
 
 
 def test_died_message_facts_then_hints_then_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 4096)
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 4096)
     exc = faults.died(2, 1234, -7, {5: [10, 11], 6: [12, 13]}, "/dev/shm")
     lines = str(exc).splitlines()
     assert lines[0] == ("DataLoader worker 2 (pid 1234) exited unexpectedly with signal SIGBUS (7) while running "
@@ -206,7 +206,7 @@ def test_preflight_names_bytes_needed_free_and_remedies(monkeypatch: pytest.Monk
     from shmloader.transport.preflight import check_ring_fits
     from shmloader.transport.ring import Ring
 
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 3 << 20)
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 3 << 20)
     ring = Ring(str(tmp_path))
     check_ring_fits(ring, 1 << 20, 3, num_workers=1, prefetch_factor=1)  # exactly fits
     with pytest.raises(ShmSpaceError) as info:
@@ -222,7 +222,7 @@ def test_preflight_names_bytes_needed_free_and_remedies(monkeypatch: pytest.Monk
 
 
 def test_enospc_at_creation_becomes_shm_space_error(tmp_path: Any) -> None:
-    from shmloader.transport.segment import explain_enospc
+    from shmloader.transport.shm_space import explain_enospc
 
     with pytest.raises(ShmSpaceError, match=r"a new shared-memory segment of 4096 bytes \(No space left on "
                                             r"device\) needs 4096 more bytes but .* bytes free"):
@@ -250,7 +250,7 @@ def test_a_shm_dir_where_no_segment_can_be_made_is_named(monkeypatch: pytest.Mon
 
 @pytest.mark.timeout(30)
 def test_loader_preflight_with_slot_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 1 << 20)
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 1 << 20)
     loader = DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=2, slot_bytes=1 << 20)
     with pytest.raises(ShmSpaceError, match=r"the slot ring \(6 slots of 1048576 bytes.*only 1048576 bytes free"):
         iter(loader)
@@ -295,7 +295,7 @@ def test_shm_dir_places_untracked_segments_and_unlinks_them(method: str, tmp_pat
 
 @pytest.mark.timeout(30)
 def test_growth_past_the_budget_breaks_the_loader_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 6 << 20)  # the first 1 MiB slots fit, 4 MiB ones not
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 6 << 20)  # the first 1 MiB slots fit, 4 MiB ones not
     it = iter(DataLoader(fd.GrowingDataset(16, at=8, floats=1 << 19), batch_size=2, num_workers=1))
     got = []
     with pytest.raises(ShmSpaceError, match=r"the slot ring \(4 slots of \d+ bytes.*bytes free\. Remedies"):

@@ -29,7 +29,7 @@ from ring_helpers import OWNER, leased
 import shmloader
 from shmloader import owner
 from shmloader.errors import ShmSpaceError
-from shmloader.transport import segment
+from shmloader.transport import segment, shm_space
 from shmloader.transport.preflight import check_ring_fits
 from shmloader.transport.ring import Ring, Slot, SlotState
 
@@ -198,7 +198,7 @@ def test_a_spent_slot_is_unlinked_once_by_close_and_shrink(monkeypatch: pytest.M
     del views
     gc.collect()
     assert ring.collect_released() == 3 and all(s.spent for s in slots) and len(retired) == 3
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 2 * 4096)
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 2 * 4096)
     with pytest.raises(ShmSpaceError):  # the pre-flight counts a spent slot as needing a fresh segment
         check_ring_fits(ring, 4096, 3, num_workers=1, prefetch_factor=1)
     check_ring_fits(ring, 4096, 2, num_workers=1, prefetch_factor=1)

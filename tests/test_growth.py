@@ -33,7 +33,7 @@ from shmloader.engine.ledger import Ledger
 from shmloader.engine.stepguard import StepGuard
 from shmloader.engine.wait import WaitAndRecover
 from shmloader.errors import ShmSpaceError
-from shmloader.transport import segment
+from shmloader.transport import segment, shm_space
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.preflight import check_ring_fits
 from shmloader.transport.ring import Ring
@@ -139,9 +139,9 @@ def test_preflight_counts_the_bytes_a_growing_slot_still_needs(tmp_path: Path,
     ring.reserve(slot, "t", 2 * PAGE)
     # 2 slots of 8 pages: the growing one counts as that large, one more is new, and the growing
     # one's 6 pages not reserved yet are needed too: 14 pages
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 14 * PAGE)
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 14 * PAGE)
     check_ring_fits(ring, 8 * PAGE, 2, num_workers=1, prefetch_factor=1)
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda d: 14 * PAGE - 1)
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 14 * PAGE - 1)
     with pytest.raises(ShmSpaceError, match=f"needs {14 * PAGE} more bytes"):
         check_ring_fits(ring, 8 * PAGE, 2, num_workers=1, prefetch_factor=1)
     ring.close()

@@ -31,7 +31,7 @@ from shmloader.errors import (
     format_indices,
     format_tasks,
 )
-from shmloader.transport import segment
+from shmloader.transport import shm_space
 
 Tasks = Mapping[int, Sequence[int] | None]
 Key = tuple[int, int]  # (epoch, task)
@@ -126,7 +126,7 @@ def hints(shm_dir: str, exitcode: int | None) -> list[str]:
             found.append(f"hint: the cgroup's oom_kill count rose from {_OOM_KILLS_AT_START} to {now} while "
                          "this process ran; the kernel's OOM killer may have killed the worker")
     if exitcode == -signal.SIGBUS:
-        free = segment.shm_free_bytes(shm_dir)
+        free = shm_space.shm_free_bytes(shm_dir)
         if free is not None:
             found.append(f"hint: SIGBUS often means {shm_dir} ran out of space; it has {free} bytes free now")
     return found

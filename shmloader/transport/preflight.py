@@ -3,15 +3,15 @@
 Runs in the main process before a ring is created or its slots grow. Promises a clear
 ``ShmSpaceError`` (bytes needed, bytes free, remedies) instead of a worker's SIGBUS later, up
 front, by comparing the ring's size with the directory's free space. The same error at creation
-time (a full directory while a segment reserves its pages) is the segment's own:
-``segment.explain_enospc``.
+time (a full directory while a segment reserves its pages) comes from
+``shm_space.explain_enospc``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shmloader.transport import segment
+from shmloader.transport import shm_space
 
 if TYPE_CHECKING:
     from shmloader.transport.ring import Ring
@@ -34,7 +34,7 @@ def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int
     no process maps it (workers unmap it when told), so its bytes are not counted as coming back. The bytes of growing
     segments not reserved yet are needed too.
     """
-    free = segment.shm_free_bytes(ring.shm_dir)
+    free = shm_space.shm_free_bytes(ring.shm_dir)
     if free is None:
         return
     growing = [s.growing for s in ring.slots if s.growing is not None]
@@ -43,6 +43,6 @@ def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int
     needed = (slots - reused) * slot_bytes + sum(g.size_bytes - g.reserved for g in growing)
     if needed <= free:
         return
-    raise segment.space_error(ring.shm_dir, needed, free,
+    raise shm_space.space_error(ring.shm_dir, needed, free,
                       f"the slot ring ({slots} slots of {slot_bytes} bytes: num_workers={num_workers} x "
                       f"prefetch_factor={prefetch_factor} + {CONSUMER_SLOTS} held by the consumer)")

@@ -55,7 +55,8 @@ from typing import Any
 from shmloader.errors import RingExhausted, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
-from shmloader.transport.segment import Segment, explain_enospc, page_round
+from shmloader.transport.segment import Segment, page_round
+from shmloader.transport.shm_space import explain_enospc
 
 
 class SlotState(enum.Enum):

@@ -1,0 +1,79 @@
+"""Running out of room for a shared-memory segment, in one wording wherever it is found.
+
+Owns nothing: the words and the checks. ``preflight`` (before a ring is made or grows) and
+``explain_enospc`` (around ``Segment.create`` and ``Segment.reserve``, in the ring) raise the same
+``ShmSpaceError`` — what was asked, the bytes needed and free, the remedies — and a directory no
+segment can be made in, or a process out of file descriptors, becomes an ``OSError`` of the same
+errno that names the setting or the limit to change (docs/errors.md). ``shm_free_bytes`` is the
+one place that reads a directory's free space (tests and the stress script patch it by this name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+
+from shmloader.errors import ShmSpaceError
+
+
+def shm_free_bytes(shm_dir: str) -> int | None:
+    """Bytes free in ``shm_dir`` (None when it cannot be read)."""
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+_REMEDIES = ("Remedies: give the container more shared memory (Docker: --shm-size), use fewer workers or a "
+             "smaller prefetch_factor, or point SHMLOADER_SHM_DIR (shm_dir=) at a directory with room "
+             "(segments there are file-backed).")
+
+
+def space_error(directory: str, needed_bytes: int, free_bytes: int, what: str) -> ShmSpaceError:
+    """The one wording of "the ring does not fit": what was asked, bytes needed and free, remedies."""
+    return ShmSpaceError(
+        f"{what} needs {needed_bytes} more bytes but {directory} has only {free_bytes} bytes free. {_REMEDIES}",
+        needed_bytes=needed_bytes, free_bytes=free_bytes, directory=directory,
+    )
+
+
+_DIRECTORY_ERRNOS = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
+
+
+@contextlib.contextmanager
+def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
+    """Turn running out of space while creating a ``nbytes`` segment into a ShmSpaceError, and a
+    directory where no segment can be made (missing, read-only, not ours to write, not a file
+    system that takes them) into the same OSError naming the setting that chose it.
+
+    Use around ``Segment.create``; any other OSError passes through unchanged.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _DIRECTORY_ERRNOS:
+            raise type(exc)(exc.errno, f"cannot create a shared-memory segment in {shm_dir} ({exc.strerror}): "
+                            "that directory is set by SHMLOADER_SHM_DIR or shm_dir= (default /dev/shm) and must "
+                            "be a writable tmpfs", exc.filename) from exc
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise _descriptors_error(exc, shm_dir) from exc
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+            raise
+        free = shm_free_bytes(shm_dir)
+        raise space_error(shm_dir, nbytes, -1 if free is None else free,
+                          f"a new shared-memory segment of {nbytes} bytes ({exc.strerror})") from exc
+
+
+def _descriptors_error(exc: OSError, shm_dir: str) -> OSError:
+    """Out of file descriptors while making a segment: the same errno, and what to do about it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "the system's limit" if exc.errno == errno.ENFILE else f"this process's limit, ulimit -n: {soft}"
+    return OSError(exc.errno, f"cannot create a shared-memory segment in {shm_dir}: too many open files ({limit}). "
+                   "Each slot keeps one descriptor open, and each batch you hold keeps its slot: hold fewer "
+                   "batches at once (copy what you keep, e.g. batch.copy()), or raise the limit (ulimit -n, "
+                   "resource.setrlimit(resource.RLIMIT_NOFILE, ...))", exc.filename)
