@@ -9,12 +9,19 @@ import psutil
 SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
 
 
-def workers_left() -> list[int]:
-    """The pids of our live (not zombie) child processes, the shared helpers aside."""
+def workers_left(zombies: bool = False) -> list[int]:
+    """The pids of our child processes, the shared helpers aside: the live ones, and with
+    ``zombies=True`` also those that exited and were never reaped (a close() that does not reap)."""
     left = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any(h in " ".join(p.cmdline()) for h in SHARED_HELPERS):
+            if p.status() == psutil.STATUS_ZOMBIE:
+                if zombies:
+                    left.append(p.pid)
+            elif not any(h in " ".join(p.cmdline()) for h in SHARED_HELPERS):
+                left.append(p.pid)
+        except psutil.ZombieProcess:
+            if zombies:
                 left.append(p.pid)
         except psutil.NoSuchProcess:
             continue

@@ -19,7 +19,7 @@ from typing import Any
 import fault_datasets as fd
 from plugin_fixtures import CloseOnBatch
 import numpy as np
-import psutil
+from process_helpers import workers_left
 import pytest
 
 from shmloader import DataLoader
@@ -67,8 +67,7 @@ def _assert_refused(it: Any) -> None:
 
 
 def _no_children() -> bool:
-    return not [p for p in psutil.Process().children(recursive=True)
-                if "resource_tracker" not in " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline())]
+    return not workers_left(zombies=True)
 
 
 def _close_under_next(it: Any, ready: Any, what: str, close: Any) -> dict[str, Any]:

@@ -25,25 +25,17 @@ from typing import Any
 
 import numpy as np
 import ownership_datasets as od
-import psutil
+from process_helpers import workers_left
 import pytest
 
 import shmloader
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
 
 
-def workers_of_this_process() -> list[psutil.Process]:
-    """Child processes of this process, multiprocessing's shared helpers excepted (a zombie counts)."""
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if not any(h in " ".join(p.cmdline()) for h in HELPERS):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            found.append(p)
-    return found
+def workers_of_this_process() -> list[int]:
+    """Pids of this process's children, multiprocessing's shared helpers excepted (a zombie counts)."""
+    return workers_left(zombies=True)
 
 
 # -- 1. a failed task's slot in an abandoned epoch ------------------------------------------------
@@ -228,7 +220,7 @@ def idx_loader(persistent: bool = False) -> shmloader.DataLoader:
 
 def assert_no_workers(what: str) -> None:
     left = workers_of_this_process()
-    assert left == [], f"{what} left {len(left)} worker process(es) running: {[p.pid for p in left]}"
+    assert left == [], f"{what} left {len(left)} worker process(es) running: {left}"
 
 
 def assert_refuses_after_close(it: Any) -> None:
