@@ -20,6 +20,7 @@ from typing import Any
 
 from shmloader import state as _state
 from shmloader._generators import draw_base_seed
+from shmloader.state_random import global_rng
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class EpochBook:
         made and dropped.
         """
         resume, self.resume = self.resume, None
-        with _state.global_rng(resume):
+        with global_rng(None if resume is None else resume.torch_global):
             objects = _state.object_states(self._loader)
             sampler_iter = iter(index_sampler)
             if resume is not None:

@@ -22,7 +22,6 @@ dropped. See docs/resume.md.
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import json
 import sys
@@ -30,10 +29,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from shmloader.errors import StateError
 from shmloader.state_fields import check_fields
+from shmloader.state_random import encode_random, restore_random, take_random
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
 
@@ -42,7 +40,6 @@ FORMAT = "shmloader.DataLoader"
 _KEYS = ("format", "version", "config", "epoch", "in_progress", "base_seed", "delivered", "yielded",
          "random", "objects")
 _OBJECTS = ("sampler", "batch_sampler", "dataset")  # loader attributes saved through their state_dict
-_SOURCE_PATHS = ("generator", "sampler", "batch_sampler", "batch_sampler.sampler")
 
 
 class TaskSet:
@@ -125,21 +122,6 @@ class EpochRecord:
 
 
 # -- taking an epoch's record (epoch_book.EpochBook calls these) -----------------------------------
-@contextlib.contextmanager
-def global_rng(resume: Resume | None) -> Iterator[None]:
-    """On resume, torch's global RNG is the saved one while the epoch starts, then the caller's again."""
-    torch = sys.modules.get("torch")
-    if resume is None or resume.torch_global is None or torch is None:
-        yield
-        return
-    caller = torch.get_rng_state()
-    torch.set_rng_state(_torch_bytes(resume.torch_global))
-    try:
-        yield
-    finally:
-        torch.set_rng_state(caller)
-
-
 def object_states(loader: Any) -> dict[str, Any]:
     """``state_dict()`` of the sampler, batch sampler and dataset that define one (epoch start)."""
     states = {}
@@ -154,7 +136,7 @@ def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], 
     """Number the epoch and snapshot its random sources (after the base seed, before the sampler draws)."""
     torch = sys.modules.get("torch")
     epoch = resume.epoch if resume is not None else book.epoch_count
-    record = EpochRecord(epoch, base_seed, objects, _take_random(loader),
+    record = EpochRecord(epoch, base_seed, objects, take_random(loader),
                          torch.get_rng_state() if torch is not None else None, _unsaveable(loader))
     if resume is not None:
         record.delivered = TaskSet.from_ranges(resume.delivered.to_ranges())
@@ -210,12 +192,12 @@ def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, An
     record = record if record is not None else book.record
     if record is None or record.finished:
         state = _state(loader, book.epoch_count, False, book.reused_seed, [], 0,
-                       _encode_random(_take_random(loader), None), object_states(loader))
+                       encode_random(take_random(loader), None), object_states(loader))
     else:
         if record.unsaveable:
             raise StateError(record.unsaveable)
         state = _state(loader, record.epoch, True, record.base_seed, record.delivered.to_ranges(),
-                       record.yielded, _encode_random(record.random, record.torch_global), record.objects)
+                       record.yielded, encode_random(record.random, record.torch_global), record.objects)
     try:
         json.dumps(state)
     except (TypeError, ValueError) as exc:
@@ -241,7 +223,7 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
             raise StateError(f"the state holds a {name} state_dict but this loader's {name} "
                              f"({_type_name(target)}) has no load_state_dict", saved, None)
         target.load_state_dict(saved)
-    _restore_random(loader, random["sources"])
+    restore_random(loader, random["sources"])
     loader.close()  # persistent workers restart with the restored dataset
     book = loader._book
     book.record, book.resume, book.epoch_count = None, None, state["epoch"]
@@ -277,65 +259,7 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
                          f"this loader has {total} tasks", state["delivered"], total)
 
 
-# -- random sources ------------------------------------------------------------------------------
-def _source_at(loader: Any, path: str) -> Any:
-    if path == "generator":
-        return loader.generator
-    obj = loader
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-    if obj is None:
-        return None
-    return obj._source if hasattr(obj, "_source") else getattr(obj, "generator", None)
-
-
-def _kind(source: Any) -> str | None:
-    if isinstance(source, np.random.Generator):
-        return "numpy"
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(source, torch.Generator):
-        return "torch"
-    return None
-
-
-def _take_random(loader: Any) -> list[tuple[list[str], str, Any]]:
-    """The state of every stateful generator reachable from the loader, one entry per object."""
-    seen: dict[int, tuple[list[str], str, Any]] = {}
-    for path in _SOURCE_PATHS:
-        source = _source_at(loader, path)
-        kind = _kind(source)
-        if kind is None:
-            continue
-        if id(source) in seen:
-            seen[id(source)][0].append(path)
-        else:
-            seen[id(source)] = ([path], kind, source.get_state() if kind == "torch" else source.bit_generator.state)
-    return list(seen.values())
-
-
-def _encode_random(sources: list[tuple[list[str], str, Any]], torch_global: Any) -> dict[str, Any]:
-    encoded = [{"paths": paths, "kind": kind,
-                "state": _b64(raw) if kind == "torch" else _plain(raw)} for paths, kind, raw in sources]
-    return {"sources": encoded, "torch_global": None if torch_global is None else _b64(torch_global)}
-
-
-def _restore_random(loader: Any, sources: list[dict[str, Any]]) -> None:
-    for entry in sources:
-        for path in entry["paths"]:
-            target = _source_at(loader, path)
-            if _kind(target) != entry["kind"]:
-                raise StateError(f"the state holds a {entry['kind']} generator at {path}, but this loader has "
-                                 f"{type(target).__name__} there", entry["kind"], _kind(target))
-            if entry["kind"] == "torch":
-                target.set_state(_torch_bytes(base64.b64decode(entry["state"])))
-            else:
-                try:
-                    target.bit_generator.state = _unplain(entry["state"])
-                except (ValueError, TypeError, KeyError) as exc:
-                    raise StateError(f"cannot restore the numpy generator at {path}: {exc}",
-                                     entry["state"], target.bit_generator.state) from exc
-
-
+# -- what cannot be saved ---------------------------------------------------------------------
 def _unsaveable(loader: Any) -> str | None:
     """Why this epoch's order cannot be re-created, if it cannot."""
     if "torch" in sys.modules:
@@ -349,34 +273,6 @@ def _unsaveable(loader: Any) -> str | None:
                     "draws its order from fresh OS entropy when torch is not imported, so the order cannot be "
                     "re-created. Pass generator= (an int seed, numpy or torch Generator) to make it resumable.")
     return None
-
-
-def _b64(tensor: Any) -> str:
-    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
-
-
-def _torch_bytes(raw: bytes) -> Any:
-    import torch
-
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return {"ndarray": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def _unplain(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"ndarray", "dtype"}:
-            return np.asarray(value["ndarray"], dtype=value["dtype"])
-        return {k: _unplain(v) for k, v in value.items()}
-    return value
 
 
 def _type_name(obj: Any) -> str:

@@ -1,0 +1,131 @@
+"""The random sources of a loader state: which generators an epoch draws from, their saved form.
+
+Owns, for ``state.py``: finding every stateful generator a loader reaches (its ``generator``, its
+samplers' generators, torch's global RNG), snapshotting them, encoding a snapshot as plain JSON
+data and putting a saved snapshot back. Runs in the main process. Promises: a snapshot restored
+into a loader of the same configuration makes its generators draw what the saved ones drew next;
+torch's global RNG is only ever borrowed (``global_rng`` puts the caller's state back).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from shmloader.errors import StateError
+
+# Where a loader's generators live: its own, its sampler's, its batch sampler's and that one's sampler's.
+_SOURCE_PATHS = ("generator", "sampler", "batch_sampler", "batch_sampler.sampler")
+
+Sources = list[tuple[list[str], str, Any]]  # (paths, kind "torch" | "numpy", raw state) per generator
+
+
+@contextlib.contextmanager
+def global_rng(saved: bytes | None) -> Iterator[None]:
+    """With ``saved``, torch's global RNG is that state inside the block, then the caller's again."""
+    torch = sys.modules.get("torch")
+    if saved is None or torch is None:
+        yield
+        return
+    caller = torch.get_rng_state()
+    torch.set_rng_state(torch_bytes(saved))
+    try:
+        yield
+    finally:
+        torch.set_rng_state(caller)
+
+
+def source_at(loader: Any, path: str) -> Any:
+    """The generator at ``path`` (one of ``_SOURCE_PATHS``), or None."""
+    if path == "generator":
+        return loader.generator
+    obj = loader
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    if obj is None:
+        return None
+    return obj._source if hasattr(obj, "_source") else getattr(obj, "generator", None)
+
+
+def kind_of(source: Any) -> str | None:
+    """"numpy", "torch", or None for what holds no state we can save (None, an int seed, ...)."""
+    if isinstance(source, np.random.Generator):
+        return "numpy"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(source, torch.Generator):
+        return "torch"
+    return None
+
+
+def take_random(loader: Any) -> Sources:
+    """The state of every stateful generator reachable from the loader, one entry per object."""
+    seen: dict[int, tuple[list[str], str, Any]] = {}
+    for path in _SOURCE_PATHS:
+        source = source_at(loader, path)
+        kind = kind_of(source)
+        if kind is None:
+            continue
+        if id(source) in seen:
+            seen[id(source)][0].append(path)
+        else:
+            seen[id(source)] = ([path], kind, source.get_state() if kind == "torch" else source.bit_generator.state)
+    return list(seen.values())
+
+
+def encode_random(sources: Sources, torch_global: Any) -> dict[str, Any]:
+    """A snapshot as the state's ``random`` field (plain, JSON-serialisable)."""
+    encoded = [{"paths": paths, "kind": kind,
+                "state": _b64(raw) if kind == "torch" else _plain(raw)} for paths, kind, raw in sources]
+    return {"sources": encoded, "torch_global": None if torch_global is None else _b64(torch_global)}
+
+
+def restore_random(loader: Any, sources: list[dict[str, Any]]) -> None:
+    """Put the saved generator states of ``sources`` (``random.sources``) back into the loader's."""
+    for entry in sources:
+        for path in entry["paths"]:
+            target = source_at(loader, path)
+            if kind_of(target) != entry["kind"]:
+                raise StateError(f"the state holds a {entry['kind']} generator at {path}, but this loader has "
+                                 f"{type(target).__name__} there", entry["kind"], kind_of(target))
+            if entry["kind"] == "torch":
+                target.set_state(torch_bytes(base64.b64decode(entry["state"])))
+            else:
+                try:
+                    target.bit_generator.state = _unplain(entry["state"])
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise StateError(f"cannot restore the numpy generator at {path}: {exc}",
+                                     entry["state"], target.bit_generator.state) from exc
+
+
+def torch_bytes(raw: bytes) -> Any:
+    """A torch generator state (a uint8 tensor) from its bytes."""
+    import torch
+
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+
+
+def _b64(tensor: Any) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return {"ndarray": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _unplain(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"ndarray", "dtype"}:
+            return np.asarray(value["ndarray"], dtype=value["dtype"])
+        return {k: _unplain(v) for k, v in value.items()}
+    return value
