@@ -8,19 +8,19 @@ Runs in the main process.
 
 Promises: ``start`` makes an epoch's sampler iterator and base seed exactly as torch does (the
 seed drawn from ``loader.generator`` right after the sampler iterator is made, or reused by a
-persistent iterator) and snapshots what re-creates the epoch before the sampler's first draw; a
-loaded resume is used by exactly one ``start``. See docs/resume.md.
+persistent iterator) and snapshots what re-creates the epoch before any of it draws (before
+``iter(sampler)``); a loaded resume is used by exactly one ``start``. See docs/resume.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shmloader import state as _state
 from shmloader._generators import draw_base_seed
-from shmloader.state_random import global_rng
+from shmloader.state_random import global_rng, snapshot
 
 
 @dataclass(frozen=True)
@@ -47,26 +47,35 @@ class EpochBook:
     def start(self, index_sampler: Any, iterable: bool, reuse_seed: int | None = None) -> EpochStart:
         """Begin an epoch: sampler iterator, base seed (drawn, resumed, or ``reuse_seed``), record.
 
-        After ``load_state_dict`` the saved base seed is used and delivered tasks are skipped:
-        map-style ones are taken from the sampler but never fetched; an iterable dataset's are
-        made and dropped.
+        The generators are snapshotted before ``iter(index_sampler)``, which may draw (a sampler
+        that makes its whole order there); a resume restores that snapshot and replays the same
+        draws: ``iter()``, then the base seed's draw when the saved epoch drew one. After
+        ``load_state_dict`` the saved base seed is used and delivered tasks are skipped: map-style
+        ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
         """
         resume, self.resume = self.resume, None
         with global_rng(None if resume is None else resume.torch_global):
             objects = _state.object_states(self._loader)
+            random = snapshot(self._loader)
             sampler_iter = iter(index_sampler)
-            if resume is not None:
-                base_seed = resume.base_seed
-            elif reuse_seed is not None:
-                base_seed = reuse_seed
-            else:
-                base_seed = draw_base_seed(self._loader.generator)
-            record = _state.new_record(self._loader, self, base_seed, objects, resume)
+            base_seed, drawn = self._base_seed(resume, reuse_seed)
+            record = _state.new_record(self._loader, self, base_seed, objects, replace(random, seed_drawn=drawn),
+                                       resume)
             if not iterable:
                 sampler_iter = _state.peeked(sampler_iter)
         skip = record.delivered if resume is not None and not iterable else _state.TaskSet()
         fast_forward = resume.yielded if resume is not None and iterable else 0
         return EpochStart(sampler_iter, base_seed, record, skip, fast_forward)
+
+    def _base_seed(self, resume: _state.Resume | None, reuse_seed: int | None) -> tuple[int, bool]:
+        """The epoch's base seed, and whether it was drawn from ``loader.generator`` (torch's draw)."""
+        if resume is not None:
+            if resume.seed_drawn:  # the generators go on from where the saved epoch's draw left them
+                draw_base_seed(self._loader.generator)
+            return resume.base_seed, resume.seed_drawn
+        if reuse_seed is not None:
+            return reuse_seed, False
+        return draw_base_seed(self._loader.generator), True
 
     def save(self, record: _state.EpochRecord | None = None) -> dict[str, Any]:
         """The loader's state as of ``record`` (default: the latest epoch, or the next one's start)."""

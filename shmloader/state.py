@@ -9,9 +9,10 @@ delivered, in the order an uninterrupted epoch would have, because it records
 - the epoch number and the base seed (so per-task seeds, ``task_seed(base_seed, epoch, task)``,
   are the same);
 - what re-creates the epoch's index order: the state of every random generator the loader and
-  its samplers draw from, taken right after the base seed was drawn and before the sampler's
-  first draw (torch's global RNG included when torch is imported), and ``state_dict()`` of the
-  sampler, batch sampler and dataset when they define one, taken when the epoch started;
+  its samplers draw from, taken as the epoch starts, before ``iter(sampler)`` (torch's global RNG
+  included when torch is imported), whether the base seed was then drawn from them, and
+  ``state_dict()`` of the sampler, batch sampler and dataset when they define one, taken when
+  the epoch started;
 - WHICH tasks had been delivered (ranges of task numbers), not how many: tasks in flight or held
   in the reorder buffer at save time are dispatched again, delivered ones never.
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from shmloader.errors import StateError
 from shmloader.state_fields import check_fields
-from shmloader.state_random import encode_random, restore_random, take_random
+from shmloader.state_random import Snapshot, restore_random, take_random
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
 
@@ -103,6 +104,7 @@ class Resume:
     delivered: TaskSet
     yielded: int
     torch_global: bytes | None
+    seed_drawn: bool  # the saved epoch drew its base seed after iter(sampler): the resume draws it again
     state: dict[str, Any]
 
 
@@ -113,8 +115,7 @@ class EpochRecord:
     epoch: int
     base_seed: int
     objects: dict[str, Any]
-    random: list[tuple[list[str], str, Any]]
-    torch_global: Any
+    random: Snapshot  # as the epoch started, before iter(sampler)
     unsaveable: str | None
     delivered: TaskSet = field(default_factory=TaskSet)
     yielded: int = 0
@@ -132,12 +133,11 @@ def object_states(loader: Any) -> dict[str, Any]:
     return states
 
 
-def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], resume: Resume | None) -> EpochRecord:
-    """Number the epoch and snapshot its random sources (after the base seed, before the sampler draws)."""
-    torch = sys.modules.get("torch")
+def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], random: Snapshot,
+               resume: Resume | None) -> EpochRecord:
+    """Number the epoch; ``random`` is its random sources as it started (before ``iter(sampler)``)."""
     epoch = resume.epoch if resume is not None else book.epoch_count
-    record = EpochRecord(epoch, base_seed, objects, take_random(loader),
-                         torch.get_rng_state() if torch is not None else None, _unsaveable(loader))
+    record = EpochRecord(epoch, base_seed, objects, random, _unsaveable(loader))
     if resume is not None:
         record.delivered = TaskSet.from_ranges(resume.delivered.to_ranges())
         record.yielded = resume.yielded
@@ -192,18 +192,23 @@ def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, An
     record = record if record is not None else book.record
     if record is None or record.finished:
         state = _state(loader, book.epoch_count, False, book.reused_seed, [], 0,
-                       encode_random(take_random(loader), None), object_states(loader))
+                       _next_epoch_random(loader), object_states(loader))
     else:
         if record.unsaveable:
             raise StateError(record.unsaveable)
         state = _state(loader, record.epoch, True, record.base_seed, record.delivered.to_ranges(),
-                       record.yielded, encode_random(record.random, record.torch_global), record.objects)
+                       record.yielded, record.random.encoded(), record.objects)
     try:
         json.dumps(state)
     except (TypeError, ValueError) as exc:
         raise StateError(f"the loader state is not JSON-serialisable ({exc}); a sampler's or dataset's "
                          "state_dict() must return plain values (dict, list, str, int, float, bool, None)") from exc
     return state
+
+
+def _next_epoch_random(loader: Any) -> dict[str, Any]:
+    """Between epochs: the generators as the next epoch will start from them (nothing drawn yet)."""
+    return Snapshot(take_random(loader), None).encoded()
 
 
 def _state(loader: Any, *values: Any) -> dict[str, Any]:
@@ -231,7 +236,7 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
         torch_global = random.get("torch_global")
         book.resume = Resume(state["epoch"], state["base_seed"], delivered, state["yielded"],
                              None if torch_global is None else base64.b64decode(torch_global),
-                             json.loads(json.dumps(dict(state))))
+                             random.get("base_seed_drawn", False), json.loads(json.dumps(dict(state))))
 
 
 def check(loader: Any, state: Mapping[str, Any]) -> None:

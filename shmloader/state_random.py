@@ -13,6 +13,7 @@ import base64
 import contextlib
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,27 @@ from shmloader.errors import StateError
 _SOURCE_PATHS = ("generator", "sampler", "batch_sampler", "batch_sampler.sampler")
 
 Sources = list[tuple[list[str], str, Any]]  # (paths, kind "torch" | "numpy", raw state) per generator
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every generator's state and torch's global RNG state (None without torch), taken as an epoch
+    starts, before ``iter(sampler)``; ``seed_drawn``: the epoch then drew its base seed from them
+    (False when it reused one), so a resume replays that draw too."""
+
+    sources: Sources
+    torch_global: Any
+    seed_drawn: bool = False
+
+    def encoded(self) -> dict[str, Any]:
+        """As the state's ``random`` field (plain, JSON-serialisable)."""
+        return {**encode_random(self.sources, self.torch_global), "base_seed_drawn": self.seed_drawn}
+
+
+def snapshot(loader: Any) -> Snapshot:
+    """The loader's random sources now (``seed_drawn`` is set once the base seed is decided)."""
+    torch = sys.modules.get("torch")
+    return Snapshot(take_random(loader), None if torch is None else torch.get_rng_state())
 
 
 @contextlib.contextmanager

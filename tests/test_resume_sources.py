@@ -1,0 +1,69 @@
+"""What an epoch's start draws and what the saved state keeps of it (shmloader/epoch_book.py).
+
+A resumed epoch must draw exactly what the saved one drew: from a sampler that draws its order
+eagerly at ``iter()`` (bucketing, DistributedSampler-like) as from one that draws at its first
+item; from the generators' state at the epoch's start, not at save time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_resume import Noisy, batches, quiet
+
+import shmloader
+
+torch = pytest.importorskip("torch")
+
+N, BATCH = 23, 3
+
+
+class EagerBuckets:
+    """A batch sampler that draws its whole permutation when ``iter()`` is called on it, from its
+    ``generator`` (torch's global RNG when None), as bucketing samplers do."""
+
+    def __init__(self, generator: Any = None) -> None:
+        self.generator = generator
+
+    def __iter__(self) -> Iterator[list[int]]:
+        perm = torch.randperm(N, generator=self.generator).tolist()
+        return iter([perm[i:i + BATCH] for i in range(0, N, BATCH)])
+
+    def __len__(self) -> int:
+        return -(-N // BATCH)
+
+
+def _eager_loader(workers: int, global_rng: bool) -> shmloader.DataLoader:
+    sampler = EagerBuckets(None if global_rng else torch.Generator().manual_seed(5))
+    extra = {"multiprocessing_context": "fork"} if workers else {}
+    return shmloader.DataLoader(Noisy(), batch_sampler=sampler, num_workers=workers, task_seeding=True,
+                                generator=torch.Generator().manual_seed(1), **extra)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("global_rng", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_that_draws_at_iter_resumes_its_order(workers: int, global_rng: bool) -> None:
+    with quiet():
+        torch.manual_seed(0)
+        loader = _eager_loader(0, global_rng)
+        reference = [batches(loader), batches(loader)]
+        torch.manual_seed(0)
+        loader = _eager_loader(workers, global_rng)
+        it = iter(loader)
+        before = batches(it, 3)
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        del it
+        torch.manual_seed(123)  # the resuming process's global RNG: the state, not it, makes the order
+        resumed = _eager_loader(workers, global_rng)
+        resumed.load_state_dict(state)
+        after = [batches(resumed), batches(resumed)]
+        resumed.close()
+    assert before + after[0] == reference[0]
+    if not global_rng:  # an explicit generator goes on into the next epoch as if never interrupted
+        assert after[1] == reference[1]
+    assert sorted(row[0] for batch in reference[0] for row in batch) == list(range(N))
