@@ -23,6 +23,7 @@ dropped. See docs/resume.md.
 from __future__ import annotations
 
 import base64
+import copy
 import itertools
 import json
 import sys
@@ -124,13 +125,32 @@ class EpochRecord:
 
 # -- taking an epoch's record (epoch_book.EpochBook calls these) -----------------------------------
 def object_states(loader: Any) -> dict[str, Any]:
-    """``state_dict()`` of the sampler, batch sampler and dataset that define one (epoch start)."""
+    """Copies of ``state_dict()`` of the sampler, batch sampler and dataset that define one, taken
+    now (an epoch's start): what those objects change afterwards, in the dict they returned too,
+    does not reach the copies. One that cannot be copied is kept as an ``_Uncopied``, which saving
+    refuses by name; iterating goes on."""
     states = {}
     for name in _OBJECTS:
         obj: Any = getattr(loader, name, None)
         if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-            states[name] = obj.state_dict()
+            states[name] = _copied(name, obj)
     return states
+
+
+@dataclass(frozen=True)
+class _Uncopied:
+    """Stands for a state_dict() that deepcopy refused: why, for the StateError saving raises."""
+
+    message: str
+
+
+def _copied(name: str, obj: Any) -> Any:
+    try:
+        return copy.deepcopy(obj.state_dict())
+    except Exception as exc:  # what state_dict() returned holds a lock, a file, a generator object...
+        return _Uncopied(f"cannot save the loader state: the {name}'s state_dict() ({_type_name(obj)}) could not "
+                         f"be copied when the epoch started ({type(exc).__name__}: {exc}); it must return plain "
+                         "values (dict, list, str, int, float, bool, None)")
 
 
 def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], random: Snapshot,
@@ -197,7 +217,10 @@ def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, An
         if record.unsaveable:
             raise StateError(record.unsaveable)
         state = _state(loader, record.epoch, True, record.base_seed, record.delivered.to_ranges(),
-                       record.yielded, record.random.encoded(), record.objects)
+                       record.yielded, record.random.encoded(), copy.deepcopy(record.objects))
+    for value in state["objects"].values():
+        if isinstance(value, _Uncopied):
+            raise StateError(value.message)
     try:
         json.dumps(state)
     except (TypeError, ValueError) as exc:

@@ -67,3 +67,59 @@ def test_a_sampler_that_draws_at_iter_resumes_its_order(workers: int, global_rng
     if not global_rng:  # an explicit generator goes on into the next epoch as if never interrupted
         assert after[1] == reference[1]
     assert sorted(row[0] for batch in reference[0] for row in batch) == list(range(N))
+
+
+class LiveOffsetSampler(shmloader.Sampler):
+    """Each pass starts 5 further on; ``state_dict()`` returns its own dict, which the pass changes."""
+
+    def __init__(self) -> None:
+        self.state = {"offset": 0}
+
+    def __iter__(self) -> Iterator[int]:
+        start = self.state["offset"]
+        self.state["offset"] += 5
+        return iter([(start + i) % N for i in range(N)])
+
+    def __len__(self) -> int:
+        return N
+
+    def state_dict(self) -> dict[str, int]:
+        return self.state  # not a copy: the loader must take one
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.state = dict(state)
+
+
+def test_a_state_dict_that_changes_later_is_saved_as_it_was_at_the_epochs_start() -> None:
+    def make() -> shmloader.DataLoader:
+        return shmloader.DataLoader(Noisy(), batch_size=BATCH, sampler=LiveOffsetSampler(), task_seeding=True,
+                                    generator=7)
+
+    reference = batches(make())
+    loader = make()
+    it = iter(loader)
+    before = batches(it, 2)
+    state = loader.state_dict()
+    assert state["objects"]["sampler"] == {"offset": 0}
+    assert state["objects"]["sampler"] is not loader.sampler.state
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert before + batches(resumed) == reference
+
+
+class Uncopyable(Noisy):
+    """A dataset whose state_dict() holds something deepcopy refuses."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lock": __import__("threading").Lock()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_a_state_dict_that_cannot_be_copied_is_named_when_saving() -> None:
+    loader = shmloader.DataLoader(Uncopyable(), batch_size=BATCH, generator=7)
+    it = iter(loader)
+    assert len(batches(it, 2)) == 2  # iterating is not affected: only saving needs the copy
+    with pytest.raises(shmloader.state.StateError, match=r"dataset's state_dict\(\) \(.*Uncopyable\) .*copied"):
+        loader.state_dict()
