@@ -26,6 +26,7 @@ import numpy as np
 __all__ = [
     "RandomSource",
     "resolve_generator",
+    "seed_stream",
     "uses_torch",
     "randperm",
     "randint",
@@ -70,11 +71,21 @@ def _check(generator: object) -> None:
 def resolve_generator(generator: RandomSource) -> RandomSource:
     """Validate ``generator``; turn an int seed into a ``numpy.random.Generator``.
 
-    Samplers and loaders call this once and keep the result, so successive epochs advance one
-    stream instead of replaying the same seed. None and Generators are returned unchanged.
+    Samplers call this once and keep the result (a loader keeps :func:`seed_stream`'s), so
+    successive epochs advance one stream instead of replaying the same seed. None and
+    Generators are returned unchanged.
     """
     _check(generator)
-    if isinstance(generator, (int, np.integer)):
+    return seed_stream(generator)
+
+
+def seed_stream(generator: RandomSource) -> RandomSource:
+    """An int seed as a ``numpy.random.Generator`` seeded with it; anything else unchanged, unchecked.
+
+    For a ``DataLoader``, whose ``generator`` torch checks only when a seed is drawn from it:
+    the loader keeps this once, so its base seeds advance one stream epoch after epoch.
+    """
+    if isinstance(generator, (int, np.integer)) and not isinstance(generator, (bool, np.bool_)):
         return np.random.default_rng(int(generator))
     return generator
 

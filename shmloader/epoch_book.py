@@ -38,7 +38,7 @@ class EpochBook:
     """Epochs started, the latest record, a pending resume, the seed a persistent iterator reuses."""
 
     def __init__(self, loader: Any) -> None:
-        self._loader = loader  # read for its public sampler, dataset and generator attributes only
+        self._loader = loader  # read for its sampler, dataset and generator (the stream it draws from) only
         self.epoch_count = 0
         self.record: _state.EpochRecord | None = None
         self.resume: _state.Resume | None = None
@@ -71,11 +71,11 @@ class EpochBook:
         """The epoch's base seed, and whether it was drawn from ``loader.generator`` (torch's draw)."""
         if resume is not None:
             if resume.seed_drawn:  # the generators go on from where the saved epoch's draw left them
-                draw_base_seed(self._loader.generator)
+                draw_base_seed(self._loader._generator_source)
             return resume.base_seed, resume.seed_drawn
         if reuse_seed is not None:
             return reuse_seed, False
-        return draw_base_seed(self._loader.generator), True
+        return draw_base_seed(self._loader._generator_source), True
 
     def save(self, record: _state.EpochRecord | None = None) -> dict[str, Any]:
         """The loader's state as of ``record`` (default: the latest epoch, or the next one's start)."""

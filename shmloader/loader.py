@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from shmloader import collate as _collate
 from shmloader import loader_checks as checks
+from shmloader._generators import seed_stream
 from shmloader.config import resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
@@ -209,6 +210,8 @@ class DataLoader(Generic[T_co]):
         if self.__initialized and attr in _IMMUTABLE:
             raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
         super().__setattr__(attr, value)
+        if attr == "generator":  # the stream base seeds are drawn from: an int seed is seeded once, here
+            super().__setattr__("_generator_source", seed_stream(value))
 
     # -- iteration -----------------------------------------------------------------------------
     @property

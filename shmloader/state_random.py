@@ -65,7 +65,7 @@ def global_rng(saved: bytes | None) -> Iterator[None]:
 def source_at(loader: Any, path: str) -> Any:
     """The generator at ``path`` (one of ``_SOURCE_PATHS``), or None."""
     if path == "generator":
-        return loader.generator
+        return loader._generator_source  # an int seed's stream, made once by the loader
     obj = loader
     for part in path.split("."):
         obj = getattr(obj, part, None)

@@ -11,10 +11,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from test_resume import Noisy, batches, quiet
 
 import shmloader
+from shmloader._generators import draw_base_seed
 
 torch = pytest.importorskip("torch")
 
@@ -123,3 +125,35 @@ def test_a_state_dict_that_cannot_be_copied_is_named_when_saving() -> None:
     assert len(batches(it, 2)) == 2  # iterating is not affected: only saving needs the copy
     with pytest.raises(shmloader.state.StateError, match=r"dataset's state_dict\(\) \(.*Uncopyable\) .*copied"):
         loader.state_dict()
+
+
+class Augmented(shmloader.Dataset):
+    """A draw from the process's numpy RNG per sample: a worker's comes from its seed."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return int(np.random.randint(1 << 30))
+
+
+def test_an_int_seed_is_one_stream_that_advances_every_epoch() -> None:
+    loader = shmloader.DataLoader(Noisy(), batch_size=BATCH, shuffle=True, generator=7)
+    seeds = []
+    for _ in range(3):
+        it = iter(loader)
+        next(it)
+        seeds.append(loader.state_dict()["base_seed"])
+        batches(it)
+    stream = np.random.default_rng(7)  # the int seeds one stream, once
+    assert seeds == [draw_base_seed(stream) for _ in range(3)]
+    assert loader.generator == 7  # what was passed, as torch keeps it
+
+
+@pytest.mark.timeout(60)
+def test_an_int_seed_gives_workers_new_seeds_every_epoch() -> None:
+    loader = shmloader.DataLoader(Augmented(), batch_size=8, generator=7, num_workers=1,
+                                  multiprocessing_context="fork")
+    first, second = batches(loader), batches(loader)
+    loader.close()
+    assert first != second  # without task seeding, augmentation follows the worker's per-epoch seed
