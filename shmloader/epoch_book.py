@@ -14,13 +14,14 @@ persistent iterator) and snapshots what re-creates the epoch before any of it dr
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shmloader import state as _state
 from shmloader._generators import draw_base_seed
-from shmloader.state_random import global_rng, snapshot
+from shmloader.state_random import global_rng, snapshot, torch_bytes
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,15 @@ class EpochBook:
         self.resume: _state.Resume | None = None
         self.reused_seed: int | None = None  # set while a persistent iterator will reuse its seed
 
-    def start(self, index_sampler: Any, iterable: bool, reuse_seed: int | None = None) -> EpochStart:
+    def start(self, index_sampler: Any, iterable: bool, reuse_seed: int | None = None,
+              draw_at_iter: bool = True) -> EpochStart:
         """Begin an epoch: sampler iterator, base seed (drawn, resumed, or ``reuse_seed``), record.
 
         The generators are snapshotted before ``iter(index_sampler)``, which may draw (a sampler
         that makes its whole order there); a resume restores that snapshot and replays the same
-        draws: ``iter()``, then the base seed's draw when the saved epoch drew one. After
+        draws: ``iter()``, then the base seed's draw when the saved epoch drew one. The sampler's
+        first item is taken here with ``draw_at_iter`` (torch's multi-process iterator), else at
+        the first ``next()`` (its single-process one; see ``FirstDraw``). After
         ``load_state_dict`` the saved base seed is used and delivered tasks are skipped: map-style
         ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
         """
@@ -59,10 +63,11 @@ class EpochBook:
             random = snapshot(self._loader)
             sampler_iter = iter(index_sampler)
             base_seed, drawn = self._base_seed(resume, reuse_seed)
-            record = _state.new_record(self._loader, self, base_seed, objects, replace(random, seed_drawn=drawn),
-                                       resume)
+            first = None if resume is None or resume.torch_first is None else torch_bytes(resume.torch_first)
+            record = _state.new_record(self._loader, self, base_seed, objects,
+                                       replace(random, seed_drawn=drawn, torch_first=first), resume)
             if not iterable:
-                sampler_iter = _state.peeked(sampler_iter)
+                sampler_iter = _state.peeked(sampler_iter) if draw_at_iter else FirstDraw(sampler_iter, record, resume)
         skip = record.delivered if resume is not None and not iterable else _state.TaskSet()
         fast_forward = resume.yielded if resume is not None and iterable else 0
         return EpochStart(sampler_iter, base_seed, record, skip, fast_forward)
@@ -80,3 +85,44 @@ class EpochBook:
     def save(self, record: _state.EpochRecord | None = None) -> dict[str, Any]:
         """The loader's state as of ``record`` (default: the latest epoch, or the next one's start)."""
         return _state.loader_state(self._loader, record)
+
+
+class FirstDraw:
+    """A ``num_workers=0`` epoch's sampler iterator: its first ``next()`` is where torch's
+    single-process iterator makes the sampler's first draw (a RandomSampler's seed, drawn from
+    torch's global RNG when it has no generator), and that draw sees what the saved epoch's saw.
+
+    Saving: when something drew from torch's global RNG between the epoch's start and that
+    ``next()`` (a model's init, the caller's own draws), its state then joins the record's snapshot
+    (``torch_first``). Resuming: that ``next()`` runs with the saved state — or, when nothing drew
+    in between, with the state the replayed start left — and the caller's is put back after it.
+    Later items are read with ``next()`` only, as ``state.peeked`` reads them.
+    """
+
+    def __init__(self, it: Iterator[Any], record: _state.EpochRecord, resume: _state.Resume | None) -> None:
+        torch = sys.modules.get("torch")
+        self._it, self._record, self._resuming, self._pending = it, record, resume is not None, True
+        # torch's global RNG as this start leaves it (None: torch was not imported when it began)
+        self._left = None if torch is None or record.random.torch_global is None else torch.get_rng_state()
+
+    def __iter__(self) -> FirstDraw:
+        return self
+
+    def __next__(self) -> Any:
+        if self._pending:
+            self._pending = False
+            if self._left is not None:
+                return self._first()
+        return next(self._it)
+
+    def _first(self) -> Any:
+        torch, left = sys.modules["torch"], self._left
+        self._left = None
+        saved = self._record.random.torch_first
+        if self._resuming:
+            with global_rng(left if saved is None else saved):
+                return next(self._it)
+        now = torch.get_rng_state()
+        if not torch.equal(now, left):
+            self._record.random = replace(self._record.random, torch_first=now)
+        return next(self._it)

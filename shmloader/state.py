@@ -106,6 +106,7 @@ class Resume:
     yielded: int
     torch_global: bytes | None
     seed_drawn: bool  # the saved epoch drew its base seed after iter(sampler): the resume draws it again
+    torch_first: bytes | None  # torch's global RNG at the saved epoch's first next(), if not what start left
     state: dict[str, Any]
 
 
@@ -167,7 +168,8 @@ def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], 
 
 
 def peeked(it: Iterator[Any]) -> Iterator[Any]:
-    """Take the sampler's first item now, so its first draw happens while the epoch starts.
+    """Take the sampler's first item now, so its first draw happens while the epoch starts, where
+    torch's multi-process iterator makes it (it sends its first tasks at ``iter()``).
 
     The rest is read with ``next()`` only, as torch reads a sampler iterator: ``chain`` would call
     ``iter()`` on it again, and an iterator whose ``__iter__`` restarts it (Lightning's
@@ -256,10 +258,12 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     book = loader._book
     book.record, book.resume, book.epoch_count = None, None, state["epoch"]
     if state["in_progress"] or state["base_seed"] is not None:  # mid-epoch, or a seed to reuse
-        torch_global = random.get("torch_global")
+        torch_global, torch_first = random.get("torch_global"), random.get("torch_global_first_batch")
         book.resume = Resume(state["epoch"], state["base_seed"], delivered, state["yielded"],
                              None if torch_global is None else base64.b64decode(torch_global),
-                             random.get("base_seed_drawn", False), json.loads(json.dumps(dict(state))))
+                             random.get("base_seed_drawn", False),
+                             None if torch_first is None else base64.b64decode(torch_first),
+                             json.loads(json.dumps(dict(state))))
 
 
 def check(loader: Any, state: Mapping[str, Any]) -> None:

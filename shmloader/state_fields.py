@@ -45,6 +45,8 @@ def _check_random(random: Any) -> None:
             _torch_state(entry["state"], f"random.sources ({', '.join(entry['paths'])})")
     if random["torch_global"] is not None:
         _torch_state(random["torch_global"], "random.torch_global")
+    if random.get("torch_global_first_batch") is not None:  # absent in states saved before it was kept
+        _torch_state(random["torch_global_first_batch"], "random.torch_global_first_batch")
     drawn = random.get("base_seed_drawn", False)  # absent in states saved before it was recorded
     _expect(type(drawn) is bool, "random.base_seed_drawn", drawn, "true or false")
 

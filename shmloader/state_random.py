@@ -30,15 +30,19 @@ Sources = list[tuple[list[str], str, Any]]  # (paths, kind "torch" | "numpy", ra
 class Snapshot:
     """Every generator's state and torch's global RNG state (None without torch), taken as an epoch
     starts, before ``iter(sampler)``; ``seed_drawn``: the epoch then drew its base seed from them
-    (False when it reused one), so a resume replays that draw too."""
+    (False when it reused one), so a resume replays that draw too; ``torch_first``: with
+    ``num_workers=0``, torch's global RNG state at the first ``next()`` when something drew from
+    it after ``iter()`` (None otherwise), since the sampler's first draw is made there."""
 
     sources: Sources
     torch_global: Any
     seed_drawn: bool = False
+    torch_first: Any = None
 
     def encoded(self) -> dict[str, Any]:
         """As the state's ``random`` field (plain, JSON-serialisable)."""
-        return {**encode_random(self.sources, self.torch_global), "base_seed_drawn": self.seed_drawn}
+        return {**encode_random(self.sources, self.torch_global), "base_seed_drawn": self.seed_drawn,
+                "torch_global_first_batch": None if self.torch_first is None else _b64(self.torch_first)}
 
 
 def snapshot(loader: Any) -> Snapshot:
@@ -48,14 +52,15 @@ def snapshot(loader: Any) -> Snapshot:
 
 
 @contextlib.contextmanager
-def global_rng(saved: bytes | None) -> Iterator[None]:
-    """With ``saved``, torch's global RNG is that state inside the block, then the caller's again."""
+def global_rng(saved: Any) -> Iterator[None]:
+    """With ``saved`` (bytes, or a state tensor), torch's global RNG is that state inside the
+    block, then the caller's again."""
     torch = sys.modules.get("torch")
     if saved is None or torch is None:
         yield
         return
     caller = torch.get_rng_state()
-    torch.set_rng_state(torch_bytes(saved))
+    torch.set_rng_state(saved if isinstance(saved, torch.Tensor) else torch_bytes(saved))
     try:
         yield
     finally:

@@ -157,3 +157,58 @@ def test_an_int_seed_gives_workers_new_seeds_every_epoch() -> None:
     first, second = batches(loader), batches(loader)
     loader.close()
     assert first != second  # without task seeding, augmentation follows the worker's per-epoch seed
+
+
+def _draw_between_iter_and_next(make: Any, workers: int) -> tuple[list[int], float]:
+    """torch seeded; iter(); a draw of the caller's own from the global RNG; the first batch."""
+    torch.manual_seed(0)
+    loader = make(list(range(10)), batch_size=10, shuffle=True, num_workers=workers,
+                  **({"multiprocessing_context": "fork"} if workers else {}))
+    it = iter(loader)
+    mine = torch.rand(1).item()  # model init, a warm-up step: anything between iter() and next()
+    order = np.asarray(next(it)).tolist()
+    assert batches(it) == []  # the epoch ends, and torch's workers with it
+    return order, mine
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_samplers_first_draw_is_where_torchs_loader_makes_it(workers: int) -> None:
+    """torch draws a RandomSampler's seed at the first next() without workers, at iter() with them."""
+    with quiet():
+        assert (_draw_between_iter_and_next(shmloader.DataLoader, workers)
+                == _draw_between_iter_and_next(torch.utils.data.DataLoader, workers))
+
+
+def _global_rng_loader() -> shmloader.DataLoader:
+    return shmloader.DataLoader(Noisy(), batch_size=BATCH, shuffle=True, task_seeding=True)  # generator=None
+
+
+def _resumed(state: dict[str, Any]) -> list[Any]:
+    torch.manual_seed(99)  # the resuming process's own global RNG: the state, not it, makes the order
+    resumed = _global_rng_loader()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    return batches(resumed)
+
+
+@pytest.mark.parametrize("save_after", [1, 3])
+def test_a_draw_between_iter_and_the_first_batch_still_resumes_exactly(save_after: int) -> None:
+    def run(limit: int | None) -> tuple[list[Any], dict[str, Any]]:
+        torch.manual_seed(0)
+        loader = _global_rng_loader()
+        it = iter(loader)
+        torch.rand(3)  # the caller's own draw, before the sampler's (num_workers=0: at the first next())
+        return batches(it, limit), loader.state_dict()
+
+    reference, _ = run(None)
+    before, state = run(save_after)
+    assert before + _resumed(state) == reference
+
+
+def test_a_state_saved_before_the_first_batch_resumes_the_whole_epoch() -> None:
+    torch.manual_seed(0)
+    loader = _global_rng_loader()
+    it = iter(loader)
+    state = loader.state_dict()
+    reference = batches(it)  # nothing drew from the global RNG between iter() and the first next()
+    assert _resumed(state) == reference

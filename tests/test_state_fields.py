@@ -61,6 +61,8 @@ CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "torch generator truncated": (lambda s: s["random"]["sources"][0].__setitem__("state", "AAAA"),
                                   "is not a torch generator state torch can set"),
     "torch global not base64": (_set(["random", "torch_global"], "%%%"), "is not a base64 torch generator"),
+    "torch first-batch state not base64": (_set(["random", "torch_global_first_batch"], "%%%"),
+                                           "random.torch_global_first_batch is not a base64 torch generator"),
     "base_seed_drawn a string": (_set(["random", "base_seed_drawn"], "yes"), "random.base_seed_drawn must be true"),
 }
 

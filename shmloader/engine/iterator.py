@@ -73,7 +73,9 @@ class BaseIter:
 
     def _start_epoch(self, reuse_seed: int | None) -> None:
         """The sampler iterator, base seed and the record that can resume this epoch (epoch_book)."""
-        start = self._plan.book.start(self._index_sampler, self._iterable, reuse_seed)
+        # with workers the first tasks go out at iter(), as torch's do: the sampler draws there
+        start = self._plan.book.start(self._index_sampler, self._iterable, reuse_seed,
+                                      draw_at_iter=self._num_workers > 0)
         self._sampler_iter = start.sampler_iter
         self._base_seed = start.base_seed
         self._record = start.record
