@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.errors import StateError
-from shmloader.state_fields import check_fields
+from shmloader.state_fields import check_fields, check_ranges
 from shmloader.state_random import Snapshot, restore_random, take_random
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
@@ -82,13 +82,10 @@ class TaskSet:
 
     @classmethod
     def from_ranges(cls, ranges: Any) -> TaskSet:
-        tasks, stop = cls(), 0
-        for item in ranges:
-            if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(type(v) is int for v in item)
-                    and stop <= item[0] < item[1]):
-                raise StateError(f"delivered must be sorted, disjoint [start, stop) ranges of task numbers; "
-                                 f"got {item!r} after stop={stop}")
-            start, stop = item
+        """The tasks of ``to_ranges()``'s form; anything else raises StateError naming ``delivered``."""
+        check_ranges(ranges)
+        tasks = cls()
+        for start, stop in ranges:
             if start == 0:
                 tasks.low = stop
             else:

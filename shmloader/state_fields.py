@@ -14,6 +14,8 @@ import binascii
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from shmloader.errors import StateError
 
 _SEED_LIMIT = 1 << 64  # base seeds are drawn as torch draws them: 64-bit unsigned
@@ -30,7 +32,34 @@ def check_fields(state: Mapping[str, Any]) -> None:
     ok = (seed is None and not state["in_progress"]) or (type(seed) is int and 0 <= seed < _SEED_LIMIT)
     _expect(ok, "base_seed", seed, "an integer in [0, 2**64)" + ("" if state["in_progress"] else ", or null"))
     _expect(isinstance(state["delivered"], list), "delivered", state["delivered"], "a list of [start, stop) ranges")
+    check_ranges(state["delivered"])
     _check_random(state["random"])
+
+
+def check_ranges(ranges: Any) -> None:
+    """``delivered``: sorted, disjoint ``[start, stop)`` ranges of task numbers (ints >= 0)."""
+    stop = 0
+    for item in ranges:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(type(v) is int for v in item)
+                and stop <= item[0] < item[1]):
+            raise StateError(f"the state's delivered must be sorted, disjoint [start, stop) ranges of task numbers "
+                             f"(integers >= 0); got {item!r:.80} after stop={stop}", item, None)
+        stop = item[1]
+
+
+def numpy_state(encoded: Any, name: str) -> dict[str, Any]:
+    """A numpy bit generator's state as saved (arrays as ``{"ndarray", "dtype"}``), decoded: it must
+    name a numpy bit generator and be a state numpy can set on one (else StateError naming ``name``)."""
+    try:
+        state = _unplain(encoded)
+        bit_generator = getattr(np.random, state["bit_generator"])
+        if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)):
+            raise ValueError(f"{state['bit_generator']!r} is not a numpy bit generator")
+        bit_generator().state = state
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        raise StateError(f"the state's {name} is not a numpy generator state numpy can set "
+                         f"({type(exc).__name__}: {exc}): {encoded!r:.80}", encoded, None) from None
+    return state
 
 
 def _check_random(random: Any) -> None:
@@ -41,8 +70,11 @@ def _check_random(random: Any) -> None:
               and all(isinstance(p, str) for p in entry["paths"]) and entry.get("kind") in ("torch", "numpy")
               and "state" in entry)
         _expect(ok, "random.sources", entry, "entries of 'paths', 'kind' (torch or numpy) and 'state'")
+        name = f"random.sources ({', '.join(entry['paths'])})"
         if entry["kind"] == "torch":
-            _torch_state(entry["state"], f"random.sources ({', '.join(entry['paths'])})")
+            _torch_state(entry["state"], name)
+        else:
+            numpy_state(entry["state"], name)
     if random["torch_global"] is not None:
         _torch_state(random["torch_global"], "random.torch_global")
     if random.get("torch_global_first_batch") is not None:  # absent in states saved before it was kept
@@ -64,6 +96,15 @@ def _torch_state(encoded: Any, name: str) -> None:
     except (RuntimeError, ValueError) as exc:
         raise StateError(f"the state's {name} is not a torch generator state torch can set "
                          f"({len(raw)} bytes): {exc}", len(raw), None) from None
+
+
+def _unplain(value: Any) -> Any:
+    """The inverse of ``state_random``'s encoding: ``{"ndarray": [...], "dtype": ...}`` is an array again."""
+    if isinstance(value, dict):
+        if set(value) == {"ndarray", "dtype"}:
+            return np.asarray(value["ndarray"], dtype=value["dtype"])
+        return {k: _unplain(v) for k, v in value.items()}
+    return value
 
 
 def _count(value: Any) -> bool:

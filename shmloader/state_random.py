@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import StateError
+from shmloader.state_fields import numpy_state
 
 # Where a loader's generators live: its own, its sampler's, its batch sampler's and that one's sampler's.
 _SOURCE_PATHS = ("generator", "sampler", "batch_sampler", "batch_sampler.sampler")
@@ -123,7 +124,7 @@ def restore_random(loader: Any, sources: list[dict[str, Any]]) -> None:
                 target.set_state(torch_bytes(base64.b64decode(entry["state"])))
             else:
                 try:
-                    target.bit_generator.state = _unplain(entry["state"])
+                    target.bit_generator.state = numpy_state(entry["state"], f"random.sources ({path})")
                 except (ValueError, TypeError, KeyError) as exc:
                     raise StateError(f"cannot restore the numpy generator at {path}: {exc}",
                                      entry["state"], target.bit_generator.state) from exc
@@ -147,12 +148,4 @@ def _plain(value: Any) -> Any:
         return {"ndarray": value.tolist(), "dtype": str(value.dtype)}
     if isinstance(value, np.integer):
         return int(value)
-    return value
-
-
-def _unplain(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"ndarray", "dtype"}:
-            return np.asarray(value["ndarray"], dtype=value["dtype"])
-        return {k: _unplain(v) for k, v in value.items()}
     return value

@@ -28,14 +28,17 @@ def _loader(num_workers: int = 0) -> shmloader.DataLoader:
                                 generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(scope="module")
-def good() -> dict[str, Any]:
-    loader = _loader()
+def _saved_after_two_batches(loader: shmloader.DataLoader) -> dict[str, Any]:
     it = iter(loader)
     next(it), next(it)
     state = json.loads(json.dumps(loader.state_dict()))
     loader.close()
     return state
+
+
+@pytest.fixture(scope="module")
+def good() -> dict[str, Any]:
+    return _saved_after_two_batches(_loader())
 
 
 def _set(path: list[Any], value: Any) -> Callable[[dict], None]:
@@ -63,6 +66,10 @@ CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "torch global not base64": (_set(["random", "torch_global"], "%%%"), "is not a base64 torch generator"),
     "torch first-batch state not base64": (_set(["random", "torch_global_first_batch"], "%%%"),
                                            "random.torch_global_first_batch is not a base64 torch generator"),
+    "delivered holds an int": (_set(["delivered"], [5]), "the state's delivered must be sorted, disjoint"),
+    "delivered range of one": (_set(["delivered"], [[0]]), "the state's delivered must be sorted, disjoint"),
+    "delivered range of strings": (_set(["delivered"], [["a", "b"]]), "the state's delivered must be sorted"),
+    "delivered range negative": (_set(["delivered"], [[-2, 1]]), "the state's delivered must be sorted"),
     "base_seed_drawn a string": (_set(["random", "base_seed_drawn"], "yes"), "random.base_seed_drawn must be true"),
 }
 
@@ -92,3 +99,40 @@ def test_a_sound_state_still_resumes(good: dict[str, Any]) -> None:
         assert [b.tolist() for b in loader] == want
     finally:
         loader.close()
+
+
+def _numpy_loader() -> shmloader.DataLoader:
+    return shmloader.DataLoader(DATA, batch_size=3, shuffle=True, generator=7)  # numpy streams
+
+
+@pytest.fixture(scope="module")
+def good_numpy() -> dict[str, Any]:
+    state = _saved_after_two_batches(_numpy_loader())
+    assert [entry["kind"] for entry in state["random"]["sources"]] == ["numpy", "numpy"]
+    return state
+
+
+def _pcg(key: str, value: Any) -> Callable[[dict], None]:
+    return lambda s: s["random"]["sources"][0]["state"]["state"].__setitem__(key, value)
+
+
+NUMPY_CASES: dict[str, Callable[[dict], None]] = {
+    "pcg state negative": _pcg("state", -1),
+    "pcg state past 128 bits": _pcg("state", 1 << 200),
+    "pcg increment a string": _pcg("inc", "x"),
+    "pcg state null": _pcg("state", None),
+    "state a list": lambda s: s["random"]["sources"][0].__setitem__("state", [1, 2]),
+    "state empty": lambda s: s["random"]["sources"][0].__setitem__("state", {}),
+    "bit generator unknown": lambda s: s["random"]["sources"][0]["state"].__setitem__("bit_generator", "Nope"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NUMPY_CASES))
+def test_a_corrupt_numpy_generator_state_is_refused_by_name(good_numpy: dict[str, Any], case: str) -> None:
+    state = copy.deepcopy(good_numpy)
+    NUMPY_CASES[case](state)
+    loader = _numpy_loader()
+    before = loader._generator_source.bit_generator.state
+    with pytest.raises(StateError, match=r"the state's random.sources \(generator\) is not a numpy generator state"):
+        loader.load_state_dict(state)
+    assert loader._generator_source.bit_generator.state == before
