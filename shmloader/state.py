@@ -33,7 +33,7 @@ from typing import Any
 
 from shmloader.errors import StateError
 from shmloader.state_fields import check_fields, check_ranges
-from shmloader.state_random import Snapshot, restore_random, take_random
+from shmloader.state_random import Snapshot, prepare_restore, take_random
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
 
@@ -240,17 +240,19 @@ def _state(loader: Any, *values: Any) -> dict[str, Any]:
 
 # -- loading -------------------------------------------------------------------------------------
 def load(loader: Any, state: Mapping[str, Any]) -> None:
-    """Check ``state`` against ``loader``, restore samplers, dataset and generators, arm the resume."""
+    """Check ``state`` against ``loader``, restore samplers, dataset and generators, arm the resume.
+
+    Everything is checked before anything is restored; an object whose ``load_state_dict``
+    refuses its state (raises) has the objects loaded before it put back, and nothing else restored.
+    """
     check(loader, state)
     delivered = TaskSet.from_ranges(state["delivered"])
     random = state["random"]  # check() imported torch already where its generators made the order
-    for name, saved in state["objects"].items():
-        target: Any = getattr(loader, name, None)
-        if not callable(getattr(target, "load_state_dict", None)):
-            raise StateError(f"the state holds a {name} state_dict but this loader's {name} "
-                             f"({_type_name(target)}) has no load_state_dict", saved, None)
-        target.load_state_dict(saved)
-    restore_random(loader, random["sources"])
+    targets = [(_object_target(loader, name, saved), saved) for name, saved in state["objects"].items()]
+    put_back = prepare_restore(loader, random["sources"])
+    _load_objects(targets)
+    for setter in put_back:
+        setter()
     loader.close()  # persistent workers restart with the restored dataset
     book = loader._book
     book.record, book.resume, book.epoch_count = None, None, state["epoch"]
@@ -261,6 +263,30 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
                              random.get("base_seed_drawn", False),
                              None if torch_first is None else base64.b64decode(torch_first),
                              json.loads(json.dumps(dict(state))))
+
+
+def _object_target(loader: Any, name: str, saved: Any) -> Any:
+    """The loader's ``name`` (sampler, batch sampler, dataset), which must take a saved state_dict."""
+    target: Any = getattr(loader, name, None)
+    if not callable(getattr(target, "load_state_dict", None)):
+        raise StateError(f"the state holds a {name} state_dict but this loader's {name} "
+                         f"({_type_name(target)}) has no load_state_dict", saved, None)
+    return target
+
+
+def _load_objects(targets: list[tuple[Any, Any]]) -> None:
+    """``load_state_dict`` on each target, all or none: if one raises, the ones loaded before it get
+    back the ``state_dict()`` they had, and its error is raised."""
+    loaded: list[tuple[Any, Any]] = []
+    try:
+        for target, saved in targets:
+            before = copy.deepcopy(target.state_dict())
+            target.load_state_dict(saved)
+            loaded.append((target, before))
+    except BaseException:
+        for target, before in reversed(loaded):
+            target.load_state_dict(before)
+        raise
 
 
 def check(loader: Any, state: Mapping[str, Any]) -> None:

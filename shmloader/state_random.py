@@ -2,7 +2,7 @@
 
 Owns, for ``state.py``: finding every stateful generator a loader reaches (its ``generator``, its
 samplers' generators, torch's global RNG), snapshotting them, encoding a snapshot as plain JSON
-data and putting a saved snapshot back. Runs in the main process. Promises: a snapshot restored
+data, and checking a saved snapshot against a loader before putting it back. Runs in the main process. Promises: a snapshot restored
 into a loader of the same configuration makes its generators draw what the saved ones drew next;
 torch's global RNG is only ever borrowed (``global_rng`` puts the caller's state back).
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,8 +113,11 @@ def encode_random(sources: Sources, torch_global: Any) -> dict[str, Any]:
     return {"sources": encoded, "torch_global": None if torch_global is None else _b64(torch_global)}
 
 
-def restore_random(loader: Any, sources: list[dict[str, Any]]) -> None:
-    """Put the saved generator states of ``sources`` (``random.sources``) back into the loader's."""
+def prepare_restore(loader: Any, sources: list[dict[str, Any]]) -> list[Callable[[], None]]:
+    """Check every saved generator state of ``sources`` (``random.sources``) against the loader's
+    generator at its paths; return what puts each back. Raises StateError, having changed nothing,
+    for a generator of another kind or type, so ``load`` can check everything before it acts."""
+    setters = []
     for entry in sources:
         for path in entry["paths"]:
             target = source_at(loader, path)
@@ -121,13 +125,31 @@ def restore_random(loader: Any, sources: list[dict[str, Any]]) -> None:
                 raise StateError(f"the state holds a {entry['kind']} generator at {path}, but this loader has "
                                  f"{type(target).__name__} there", entry["kind"], kind_of(target))
             if entry["kind"] == "torch":
-                target.set_state(torch_bytes(base64.b64decode(entry["state"])))
+                setters.append(_torch_setter(target, entry["state"], path))
             else:
-                try:
-                    target.bit_generator.state = numpy_state(entry["state"], f"random.sources ({path})")
-                except (ValueError, TypeError, KeyError) as exc:
-                    raise StateError(f"cannot restore the numpy generator at {path}: {exc}",
-                                     entry["state"], target.bit_generator.state) from exc
+                setters.append(_numpy_setter(target, entry["state"], path))
+    return setters
+
+
+def _torch_setter(target: Any, encoded: str, path: str) -> Callable[[], None]:
+    import torch
+
+    state = torch_bytes(base64.b64decode(encoded))
+    try:  # a generator of the target's device takes it, so the target will too
+        torch.Generator(device=target.device).set_state(state)
+    except (RuntimeError, ValueError) as exc:
+        raise StateError(f"the state's random.sources ({path}) is not a state this loader's torch generator "
+                         f"there ({target.device}) can take: {exc}", len(state), str(target.device)) from None
+    return functools.partial(target.set_state, state)
+
+
+def _numpy_setter(target: Any, encoded: Any, path: str) -> Callable[[], None]:
+    state = numpy_state(encoded, f"random.sources ({path})")
+    mine = type(target.bit_generator).__name__
+    if state["bit_generator"] != mine:
+        raise StateError(f"the state's random.sources ({path}) holds a {state['bit_generator']} generator state, "
+                         f"but this loader's numpy generator there is a {mine}", state["bit_generator"], mine)
+    return functools.partial(setattr, target.bit_generator, "state", state)
 
 
 def torch_bytes(raw: bytes) -> Any:

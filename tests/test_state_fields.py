@@ -136,3 +136,76 @@ def test_a_corrupt_numpy_generator_state_is_refused_by_name(good_numpy: dict[str
     with pytest.raises(StateError, match=r"the state's random.sources \(generator\) is not a numpy generator state"):
         loader.load_state_dict(state)
     assert loader._generator_source.bit_generator.state == before
+
+
+class Scaled(shmloader.Dataset):
+    """A dataset with a state of its own; ``refuse`` makes its load_state_dict raise."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.scale, self.refuse = 1, refuse
+
+    def __len__(self) -> int:
+        return len(DATA)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return DATA[i] * self.scale
+
+    def state_dict(self) -> dict[str, int]:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if self.refuse:
+            raise ValueError("Scaled refuses this state")
+        self.scale = state["scale"]
+
+
+class Offset(shmloader.Sampler):
+    """A sampler with a state of its own."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter([(self.offset + i) % len(DATA) for i in range(len(DATA))])
+
+    def __len__(self) -> int:
+        return len(DATA)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.offset = state["offset"]
+
+
+def _scaled_state(generator: Any) -> dict[str, Any]:
+    """A mid-epoch state of a loader whose dataset has scale 5 and whose generator is ``generator``."""
+    loader = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=generator)
+    loader.dataset.scale = 5
+    return _saved_after_two_batches(loader)
+
+
+@pytest.mark.parametrize("saved_generator, message", [
+    (lambda: np.random.Generator(np.random.MT19937(3)), r"random.sources \(generator\).*MT19937.*PCG64"),
+    (lambda: torch.Generator().manual_seed(3), "the state holds a torch generator at generator"),
+])
+def test_a_state_whose_generators_do_not_fit_this_loader_restores_nothing(saved_generator: Any, message: str) -> None:
+    state = _scaled_state(saved_generator())
+    target = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=7)  # PCG64 streams
+    streams = [target._generator_source.bit_generator.state, target.sampler._source.bit_generator.state]
+    with pytest.raises(StateError, match=message):
+        target.load_state_dict(state)
+    assert target.dataset.scale == 1  # the dataset's load_state_dict was not called
+    assert [target._generator_source.bit_generator.state, target.sampler._source.bit_generator.state] == streams
+
+
+def test_an_object_that_refuses_its_state_leaves_the_others_as_they_were() -> None:
+    saving = shmloader.DataLoader(Scaled(), batch_size=3, sampler=Offset(), generator=7)
+    saving.sampler.offset, saving.dataset.scale = 4, 5
+    state = _saved_after_two_batches(saving)
+    target = shmloader.DataLoader(Scaled(refuse=True), batch_size=3, sampler=Offset(), generator=7)
+    stream = target._generator_source.bit_generator.state
+    with pytest.raises(ValueError, match="Scaled refuses this state"):
+        target.load_state_dict(state)
+    assert target.sampler.offset == 0  # loaded before the dataset refused, then put back
+    assert target._generator_source.bit_generator.state == stream and target._book.resume is None
