@@ -19,13 +19,14 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from shmloader import _generators
 from shmloader.datasets import TorchTwinMeta
+from shmloader.errors import StateError
 
 __all__ = [
     "Sampler",
@@ -374,11 +375,24 @@ class DistributedSampler(Sampler[int]):
         """What fixes this rank's next pass (saved by ``DataLoader.state_dict`` when an epoch starts)."""
         return {"epoch": self.epoch, "seed": self.seed, "num_replicas": self.num_replicas, "rank": self.rank}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore ``state_dict()``; a state of another rank, world size or seed is refused."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()``. A state of another rank, world size or seed, or a malformed one
+        (not a mapping, a key missing, an epoch that is no integer >= 0), is refused with a
+        ``StateError`` (a ValueError) naming the field, and the sampler is left as it was."""
         mine = self.state_dict()
-        wrong = [k for k in ("seed", "num_replicas", "rank") if state.get(k) != mine[k]]
+        if not isinstance(state, Mapping):
+            raise StateError(f"DistributedSampler state must be a mapping of {', '.join(mine)}; "
+                             f"got {type(state).__name__} {state!r:.80}", state, mine)
+        missing = [k for k in mine if k not in state]
+        if missing:
+            raise StateError(f"DistributedSampler state lacks {', '.join(missing)} (saved keys: "
+                             f"{', '.join(map(str, state))})", dict(state), mine)
+        wrong = [k for k in ("seed", "num_replicas", "rank") if state[k] != mine[k]]
         if wrong:
-            raise ValueError("DistributedSampler state is for another shard: "
-                             + ", ".join(f"{k} saved {state.get(k)!r}, this sampler {mine[k]!r}" for k in wrong))
-        self.epoch = int(state["epoch"])
+            raise StateError("DistributedSampler state is for another shard: "
+                             + ", ".join(f"{k} saved {state[k]!r}, this sampler {mine[k]!r}" for k in wrong),
+                             dict(state), mine)
+        epoch = state["epoch"]
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise StateError(f"DistributedSampler state's epoch must be an integer >= 0; got {epoch!r:.80}", epoch, None)
+        self.epoch = epoch

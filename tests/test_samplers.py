@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from shmloader import _generators as gen
+from shmloader.errors import StateError
 from shmloader.samplers import (
     BatchSampler,
     DistributedSampler,
@@ -345,3 +346,22 @@ def test_distributed_sampler_without_any_source_names_both_variables(no_dist_env
 def test_distributed_sampler_invalid_rank(rank):
     with pytest.raises(ValueError, match=rf"Invalid rank {rank}, rank should be in the interval \[0, 1\]"):
         DistributedSampler(range(4), 2, rank)
+
+
+_SHARD = {"seed": 3, "num_replicas": 2, "rank": 0}
+
+
+@pytest.mark.parametrize("state, field", [
+    ({**_SHARD}, "epoch"),
+    ({**_SHARD, "epoch": "x"}, "epoch"),
+    ({**_SHARD, "epoch": None}, "epoch"),
+    ({**_SHARD, "epoch": -1}, "epoch"),
+    ({**_SHARD, "epoch": True}, "epoch"),
+    ({"epoch": 4, "num_replicas": 2, "rank": 0}, "seed"),
+    (5, "mapping"),
+])
+def test_distributed_sampler_refuses_a_malformed_state_by_name(state, field):
+    sampler = DistributedSampler(range(8), 2, 0, seed=3)
+    with pytest.raises(StateError, match=rf"DistributedSampler state.*\b{field}\b"):
+        sampler.load_state_dict(state)
+    assert sampler.epoch == 0
