@@ -4,8 +4,8 @@ Owns one epoch's position in the sampler, the base seed (drawn as torch draws it
 sampler iterator is made, from ``loader.generator``), and torch's warning when an IterableDataset
 yields more batches than ``len(loader)`` promised; and the epoch's ``state.EpochRecord`` (the
 delivered task numbers and what re-creates the epoch), which ``state_dict()`` saves and which a
-loaded state resumes: delivered tasks are skipped (map-style) or fast-forwarded (iterable). See
-docs/resume.md. With per-task seeding, ``num_workers=0`` seeds each task as a worker would (the
+loaded state resumes: delivered tasks are skipped (map-style) or fast-forwarded (iterable); a
+task whose error was raised in its place counts as delivered. See docs/resume.md. With per-task seeding, ``num_workers=0`` seeds each task as a worker would (the
 caller's RNG states are put back). The multi-process iterator
 (``mp_iterator.MultiProcessIter``) builds on the same base.
 """
@@ -84,6 +84,16 @@ class BaseIter:
         self._fast_forward = start.fast_forward
         self._num_yielded = self._record.yielded
 
+    _user_error: BaseException | None = None  # the error of a batch, raised in its place
+
+    def _batch_failed(self, task: int, error: BaseException) -> BaseException:
+        """``error``, the batch's own (its dataset's, its collate's), is raised in its place: the task
+        has been handed out. An uninterrupted epoch (torch's too) does not fetch it again, so it
+        counts as delivered and a resume does not fetch it either; ``__next__`` counts it yielded."""
+        self._user_error = error
+        self._record.delivered.add(task)
+        return error
+
     def state_dict(self) -> dict[str, Any]:
         """This epoch's state (plain, JSON-serialisable); load it with ``loader.load_state_dict``."""
         return self._plan.book.save(self._record)
@@ -119,15 +129,17 @@ class BaseIter:
             exc, self._observer_error = self._observer_error, None
             raise exc
         try:
-            while self._fast_forward:  # resume of an iterable dataset: drop what was delivered before
-                self._next_data()
-                self._fast_forward -= 1
+            self._forward()
             data = self._next_data()
         except StopIteration:
             self._record.finished = True
             raise
+        except Exception as exc:
+            if exc is self._user_error:  # a batch's error, handed out in its place
+                self._record.yielded += 1
+            raise
         self._num_yielded += 1
-        self._record.yielded = self._num_yielded
+        self._record.yielded += 1
         if self._iterable and self._len_called is not None and self._num_yielded > self._len_called:
             msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                    f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. ")
@@ -137,6 +149,17 @@ class BaseIter:
                         "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
             warnings.warn(msg, stacklevel=2)
         return data
+
+    def _forward(self) -> None:
+        """Resume of an iterable dataset: make again and drop what was handed out before the save,
+        a batch whose error was raised then included (its error is dropped with it)."""
+        while self._fast_forward:
+            try:
+                self._next_data()
+            except Exception as exc:
+                if exc is not self._user_error:
+                    raise
+            self._fast_forward -= 1
 
     def _next_data(self) -> Any:
         raise NotImplementedError
@@ -187,10 +210,16 @@ class SingleProcessIter(BaseIter):
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
         with _seeded(seed):
-            data = self._fetcher.fetch(index)  # an iterable dataset may end here too
-            t1 = time.perf_counter()
-            batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data,
-                                _heap_alloc, self._stack)
+            try:
+                data = self._fetcher.fetch(index)  # an iterable dataset may end here too
+                t1 = time.perf_counter()
+                batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data,
+                                    _heap_alloc, self._stack)
+            except StopIteration:
+                raise
+            except Exception as exc:
+                self._batch_failed(task, exc)
+                raise
         t2 = time.perf_counter()
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited

@@ -334,8 +334,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
     # -- 2. deliver ----------------------------------------------------------------------------
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):
-            self._user_error = self._worker_exception(msg, rec.worker_id, rec)
-            raise self._user_error
+            raise self._batch_failed(rec.task, self._worker_exception(msg, rec.worker_id, rec))
         size = rec.slot.size_bytes if rec.slot is not None else 0
         buf = self._ledger.deliver(rec)
         try:
@@ -345,8 +344,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         except Exception as exc:  # the batch's own objects do not unpickle here: a data error, as a worker's
             del buf
             traceback.clear_frames(exc.__traceback__)  # the half-made views go now: the slot is free again
-            self._user_error = self._rebuild_error(exc, rec)
-            raise self._user_error from exc
+            raise self._batch_failed(rec.task, self._rebuild_error(exc, rec)) from exc
         del buf  # the views alone keep the slot now; none at all frees it
         self._record.delivered.add(rec.task)
         self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
