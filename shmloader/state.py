@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import itertools
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -176,10 +175,20 @@ def peeked(it: Iterator[Any]) -> Iterator[Any]:
         first = next(it)
     except StopIteration:
         return iter(())
-    return itertools.chain((first,), iter(it.__next__, _NEVER_YIELDED))
+    return _then_the_rest(first, it)
 
 
-_NEVER_YIELDED = object()  # the sentinel of iter(callable, sentinel): only StopIteration ends it
+def _then_the_rest(first: Any, it: Iterator[Any]) -> Iterator[Any]:
+    """``first``, then every item of ``it`` by ``next()`` alone; an item is never compared with
+    anything (``iter(callable, sentinel)`` compares each with ``==``, which an index array of a
+    bucketing batch sampler answers element-wise)."""
+    yield first
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        yield item
 
 
 # -- saving --------------------------------------------------------------------------------------

@@ -246,6 +246,20 @@ def test_workers_carry_every_sample_type(kind: str, batch_size: int | None) -> N
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_array_batches_from_a_batch_sampler(num_workers: int) -> None:
+    """A bucketing batch sampler that yields index arrays (``np.array_split``): every batch after
+    the first is read as it is, never compared with anything (an array's ``==`` is element-wise)."""
+    method = _start_methods()[0]
+    kwargs: dict[str, Any] = {"num_workers": num_workers}
+    if num_workers:
+        kwargs["multiprocessing_context"] = method
+    ds = MapDataset("array_f32")
+    assert_same_batches(lambda: tdata.DataLoader(ds, batch_sampler=np.array_split(np.arange(10), 3), **kwargs),
+                        lambda: DataLoader(ds, batch_sampler=np.array_split(np.arange(10), 3), **kwargs))
+
+
+@pytest.mark.timeout(60)
 def test_workers_shuffle_with_seeded_generator() -> None:
     def make(loader_cls: Any) -> Any:
         return lambda: loader_cls(MapDataset("tuple"), batch_size=4, shuffle=True, num_workers=2,
