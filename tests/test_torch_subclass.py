@@ -166,3 +166,14 @@ def test_a_batch_sampler_that_restarts_on_iter_is_iterated_once_per_epoch(num_wo
     sampler = RestartingBatches(batches)
     loader = st.DataLoader(Indexed(7), batch_sampler=sampler, num_workers=num_workers)
     assert [b["index"].tolist() for b in loader] == batches and sampler.seen == batches
+
+
+def test_it_is_subscriptable_like_torchs_generic_class() -> None:
+    """``DataLoader[T]`` in a runtime-evaluated annotation must survive swapping torch's import for ours."""
+    import typing
+
+    assert typing.get_args(tdata.DataLoader[torch.Tensor]) == (torch.Tensor,)  # torch's class is generic
+    alias = st.DataLoader[torch.Tensor]
+    assert typing.get_origin(alias) is st.DataLoader and typing.get_args(alias) == (torch.Tensor,)
+    loader = alias(Indexed(4), batch_size=2)
+    assert type(loader) is st.DataLoader and [b["index"].tolist() for b in loader] == [[0, 1], [2, 3]]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler as _TorchBatchSampler
@@ -59,10 +59,12 @@ EXTRA_OPTIONS: dict[str, Any] = {
 }
 # What fixes the index order; init_kwargs reads these back as torch's __init__ would need them.
 _SAMPLING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+T_co = TypeVar("T_co", covariant=True)
 
 
-# ignore[misc]: the bases type __iter__/_get_iterator by their own iterator classes (ours wins in the MRO)
-class DataLoader(_ShmDataLoader, _TorchDataLoader):  # type: ignore[misc]
+# ignore[misc]: the bases type __iter__/_get_iterator by their own iterator classes (ours wins in the MRO).
+# Generic in the batch type, as both bases are: ``DataLoader[T]`` works as torch's does.
+class DataLoader(_ShmDataLoader[T_co], _TorchDataLoader[T_co]):  # type: ignore[misc]
     """torch's ``DataLoader`` (a subclass of it) whose batches come from shmloader's workers and slot ring.
 
     Takes torch's arguments and, keyword-only, shmloader's (docs/config.md). Batches are torch
