@@ -177,3 +177,38 @@ def test_it_is_subscriptable_like_torchs_generic_class() -> None:
     assert typing.get_origin(alias) is st.DataLoader and typing.get_args(alias) == (torch.Tensor,)
     loader = alias(Indexed(4), batch_size=2)
     assert type(loader) is st.DataLoader and [b["index"].tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("source", [tdata.DataLoader, st.DataLoader], ids=["torch", "shmloader"])
+def test_init_kwargs_overriding_num_workers_gives_options_valid_for_it(source: type) -> None:
+    """The worker-only options read from a loader with workers would make torch refuse (or fail to
+    iterate) a rebuild with ``num_workers=0``; they fall back to torch's defaults unless overridden too."""
+    loader = source(Indexed(6), batch_size=4, num_workers=2, persistent_workers=True, timeout=30,
+                    multiprocessing_context="fork", prefetch_factor=3)
+    try:
+        kwargs = st.init_kwargs(loader, num_workers=0)
+        assert [kwargs[k] for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout")] \
+            == [None, False, None, 0]
+        for cls in (tdata.DataLoader, st.DataLoader):  # valid for torch's own class as well as ours
+            assert [b["index"].tolist() for b in cls(**kwargs)] == [[0, 1, 2, 3], [4, 5]]
+        kept = st.init_kwargs(loader, num_workers=0, prefetch_factor=3)  # an explicit override stays
+        assert kept["prefetch_factor"] == 3
+        with pytest.raises(ValueError, match="prefetch_factor option could only be specified in multiprocessing"):
+            tdata.DataLoader(**kept)
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("source", [tdata.DataLoader, st.DataLoader], ids=["torch", "shmloader"])
+def test_init_kwargs_adding_workers_gives_torchs_defaults(source: type) -> None:
+    kwargs = st.init_kwargs(source(Indexed(6), batch_size=4), num_workers=2)
+    theirs, ours = tdata.DataLoader(**kwargs), st.DataLoader(**kwargs)
+    try:
+        for rebuilt in (theirs, ours):
+            assert (rebuilt.prefetch_factor, rebuilt.persistent_workers, rebuilt.multiprocessing_context) == (2, False, None)
+        assert [b["index"].tolist() for b in ours] == [b["index"].tolist() for b in theirs] == [[0, 1, 2, 3], [4, 5]]
+    finally:
+        ours.close()

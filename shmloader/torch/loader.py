@@ -59,6 +59,12 @@ EXTRA_OPTIONS: dict[str, Any] = {
 }
 # What fixes the index order; init_kwargs reads these back as torch's __init__ would need them.
 _SAMPLING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+# Options that only mean something with workers: without workers, torch refuses the first three and
+# its single-process iterator fails on a timeout. init_kwargs gives them torch's defaults then.
+_WORKER_ONLY: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(_TorchDataLoader.__init__).parameters.items()
+    if name in ("prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout")
+}
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -117,21 +123,24 @@ def init_kwargs(loader: _TorchDataLoader, **overrides: Any) -> dict[str, Any]:
     (torch then reports ``batch_size=None``), otherwise ``sampler``, ``batch_size`` and
     ``drop_last`` (no sampler for an IterableDataset). shmloader's extras that were passed are
     included when ``loader`` is a ``shmloader.torch.DataLoader``. ``overrides`` replace any of them;
-    an option ``DataLoader`` does not take raises TypeError naming it.
+    an option ``DataLoader`` does not take raises TypeError naming it. When the resulting
+    ``num_workers`` is 0, the worker-only options not overridden (``prefetch_factor``,
+    ``persistent_workers``, ``multiprocessing_context``, ``timeout``) take torch's defaults, so
+    ``init_kwargs(loader, num_workers=0)`` rebuilds a loader with workers as one without.
     """
     kwargs: dict[str, Any] = {"dataset": loader.dataset}
     kwargs.update(_sampling_kwargs(loader))
     for name in TORCH_OPTIONS:
         if name not in kwargs and name not in _SAMPLING:
             kwargs[name] = getattr(loader, name)
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs["prefetch_factor"] = None  # torch refuses a prefetch_factor without workers
     if isinstance(loader, DataLoader):  # the extras that were passed (None: not passed, left to SHMLOADER_*)
         kwargs.update({name: value for name in EXTRA_OPTIONS if (value := getattr(loader, name)) is not None})
     unknown = sorted(set(overrides) - set(TORCH_OPTIONS) - set(EXTRA_OPTIONS))
     if unknown:
         raise TypeError(f"init_kwargs() got options DataLoader does not take: {', '.join(unknown)}")
     kwargs.update(overrides)
+    if kwargs.get("num_workers", 0) == 0:  # what torch refuses (or cannot iterate) without workers
+        kwargs.update({name: default for name, default in _WORKER_ONLY.items() if name not in overrides})
     return kwargs
 
 
