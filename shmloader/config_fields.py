@@ -302,7 +302,7 @@ FIELDS: tuple[Field, ...] = (
     _field("collate_threads", "int", 0,
            "threads that stack a large batch when num_workers=0; 0 means min(4, usable CPUs), 1 one thread",
            "2", "an integer >= 0", _parse_int(0), _check_int(0)),
-    _field("log_level", "str", "WARNING", "level of the 'shmloader' logger", "DEBUG",
+    _field("log_level", "str", "WARNING", "level of the 'shmloader' logger, set only when given", "DEBUG",
            "one of " + ", ".join(LOG_LEVELS) + " (any case)", _parse_log_level,
            _checked_str(_parse_log_level)),
 )

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from shmloader import collate as _collate
 from shmloader import loader_checks as checks
 from shmloader._generators import seed_stream
-from shmloader.config import resolve_config
+from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
 from shmloader.engine.iterator import BaseIter, SingleProcessIter
@@ -136,7 +136,8 @@ class DataLoader(Generic[T_co]):
     ) -> None:
         explicit = {k: v for k, v in self._explicit.items() if k in _CONFIG_OPTIONS}
         cfg = resolve_config(explicit)
-        apply_log_level(cfg.log_level)
+        if cfg.provenance["log_level"] != DEFAULT:  # unset: the application's logging decides
+            apply_log_level(cfg.log_level)
         num_workers, timeout, prefetch_factor = cfg.num_workers, cfg.timeout, cfg.prefetch_factor
         persistent_workers = cfg.persistent_workers
         num_workers = checks.check_counts(num_workers, timeout, prefetch_factor, persistent_workers)

@@ -3,9 +3,11 @@
 Owns: ``logger`` (``logging.getLogger("shmloader")``; modules log through children of it, e.g.
 ``logging.getLogger("shmloader.transport.ring")``) and :func:`apply_log_level`. Runs in every process that
 imports shmloader. Promises: importing prints nothing (a NullHandler, as libraries should); the
-application's logging configuration is never changed, except that asking for a level more verbose
-than WARNING while the root logger has no handler attaches one stderr handler to ``shmloader``,
-so ``SHMLOADER_LOG_LEVEL=DEBUG`` is seen without code changes.
+application's logging configuration is never changed unless a level is asked for (``log_level=`` or
+``SHMLOADER_LOG_LEVEL``; a loader given neither leaves the ``shmloader`` level alone). Asking sets
+the ``shmloader`` logger's level, and a level more verbose than WARNING while the root logger has
+no handler attaches one stderr handler to ``shmloader``, so ``SHMLOADER_LOG_LEVEL=DEBUG`` is seen
+without code changes.
 """
 
 from __future__ import annotations

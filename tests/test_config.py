@@ -353,6 +353,30 @@ def test_verbose_level_attaches_one_stderr_handler_only_without_root_handlers(mo
         apply_log_level("WARNING")
 
 
+def test_a_loader_sets_the_level_only_when_log_level_is_given(monkeypatch) -> None:
+    """The application's ``getLogger("shmloader").setLevel(...)`` survives a loader built without
+    ``log_level=`` or ``SHMLOADER_LOG_LEVEL``; either one, when given, sets it."""
+    import shmloader
+
+    monkeypatch.delenv("SHMLOADER_LOG_LEVEL", raising=False)
+    before = logger.level
+    try:
+        for wanted in (logging.DEBUG, logging.ERROR):
+            logger.setLevel(wanted)
+            shmloader.DataLoader([1, 2]).close()
+            assert logger.level == wanted
+        shmloader.DataLoader([1, 2], log_level="info").close()
+        assert logger.level == logging.INFO
+        shmloader.DataLoader([1, 2]).close()  # the logger is process-wide: one loader's level stays
+        assert logger.level == logging.INFO
+        monkeypatch.setenv("SHMLOADER_LOG_LEVEL", "error")
+        shmloader.DataLoader([1, 2]).close()
+        assert logger.level == logging.ERROR
+    finally:
+        apply_log_level("WARNING")  # drops the stderr handler INFO may have attached
+        logger.setLevel(before)
+
+
 def test_numpy_integers_are_accepted_as_integer_options():
     import numpy as np
 
