@@ -210,6 +210,13 @@ class ConfigError(ValueError):
         self.value = value
 
 
+class PrefetchFactorError(ConfigError, AssertionError):
+    """``prefetch_factor`` below 1 reached ``iter()`` with workers (set after construction).
+
+    A ConfigError like construction's refusal, and an AssertionError, which torch raises there.
+    """
+
+
 def describe_exit(exitcode: int | None) -> str:
     """Word an exit code as users read it: ``signal SIGKILL (9)`` or ``exit code 3``."""
     if exitcode is None:

@@ -14,7 +14,7 @@ import warnings
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from shmloader.errors import ConfigError
+from shmloader.errors import ConfigError, PrefetchFactorError
 
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
@@ -45,6 +45,28 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     return num_workers
+
+
+def check_prefetch_at_iter(prefetch_factor: Any, num_workers: int) -> int:
+    """The tasks per worker an iterator with ``num_workers`` workers may use (0 without workers).
+
+    ``prefetch_factor`` is checked again here, as torch's iterator does, since the attribute (or
+    ``num_workers``, leaving it None) can be set after construction; a value no task could be sent
+    with would make the first ``next()`` wait forever. None or a non-integer raises TypeError, as
+    torch does; 0 or below PrefetchFactorError (a ConfigError and torch's AssertionError).
+    """
+    if not num_workers:
+        return 0
+    hint = f"prefetch_factor={prefetch_factor!r} cannot be used with num_workers={num_workers}"
+    try:
+        count = operator.index(prefetch_factor)
+    except TypeError:
+        raise TypeError(f"{hint}: it must be an integer > 0 (it defaults to 2 only when the loader is "
+                        "constructed with num_workers > 0)") from None
+    if count <= 0:
+        raise PrefetchFactorError(f"{hint}: prefetch_factor must be greater than 0 for multi-process loading",
+                                  name="prefetch_factor", value=prefetch_factor)
+    return count
 
 
 def check_max_slots(max_slots: int, num_workers: int, prefetch_factor: int | None, source: str) -> None:

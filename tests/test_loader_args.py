@@ -74,6 +74,55 @@ def test_a_fractional_or_zero_prefetch_factor_is_refused_by_name_at_construction
     loader.close()
 
 
+def _raised_at_iter(cls, num_workers, attr, value):
+    """The exception ``iter(loader)`` raises once ``loader.<attr> = value`` is set after construction."""
+    loader = cls(Squares(4), batch_size=2, num_workers=num_workers)
+    setattr(loader, attr, value)
+    try:
+        with pytest.raises(Exception) as info:
+            iter(loader)
+        return info.value
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+@pytest.mark.timeout(60)
+# torch's half-built iterator complains from __del__ (no ``_shutdown`` yet): torch's noise, not ours
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(("num_workers", "attr", "value"), [(0, "num_workers", 2), (2, "prefetch_factor", None),
+                                                            (2, "prefetch_factor", 0), (2, "prefetch_factor", -1)])
+def test_an_unusable_prefetch_factor_set_after_construction_raises_at_iter_as_torch(num_workers, attr, value):
+    """torch checks prefetch_factor again when it iterates (TypeError for None, AssertionError for 0);
+    the first next() used to wait forever, as no task was ever sent. Ours is of torch's type too."""
+    theirs = _raised_at_iter(TorchDataLoader, num_workers, attr, value)
+    ours = _raised_at_iter(shmloader.torch.DataLoader, num_workers, attr, value)
+    assert isinstance(ours, type(theirs))
+    shown = value if attr == "prefetch_factor" else None  # num_workers set later: prefetch_factor stayed None
+    assert f"prefetch_factor={shown!r}" in str(ours) and "num_workers=2" in str(ours)
+    assert isinstance(_raised_at_iter(shmloader.DataLoader, num_workers, attr, value), type(theirs))
+
+
+@pytest.mark.timeout(60)
+def test_a_fractional_prefetch_factor_set_after_construction_is_refused_by_name_at_iter():
+    err = _raised_at_iter(shmloader.DataLoader, 2, "prefetch_factor", 1.5)
+    assert isinstance(err, TypeError) and "prefetch_factor=1.5" in str(err)
+
+
+@pytest.mark.timeout(60)
+def test_prefetch_factor_set_between_epochs_of_persistent_workers_is_checked():
+    loader = shmloader.DataLoader(Squares(4), batch_size=2, num_workers=1, persistent_workers=True)
+    try:
+        assert len(list(loader)) == 2
+        loader.prefetch_factor = 0
+        with pytest.raises(AssertionError, match="prefetch_factor=0"):
+            iter(loader)
+        loader.prefetch_factor = 1
+        assert len(list(loader)) == 2
+    finally:
+        loader.close()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [np.int64(1), np.int32(0), True, torch.tensor(1)])
 def test_integer_like_num_workers_is_taken_as_torch_takes_it(num_workers):
