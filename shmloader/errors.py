@@ -79,14 +79,14 @@ class WorkerDied(LoaderError):
         worker_id: int,
         pid: int | None,
         exitcode: int | None,
-        tasks: Mapping[int, Sequence[int]] | None = None,
+        tasks: Mapping[int, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
         self.signal = -exitcode if exitcode is not None and exitcode < 0 else None
-        self.tasks = dict(tasks or {})
+        self.tasks = _plain_tasks(tasks)
 
 
 class RestartBudgetExceeded(WorkerDied):
@@ -100,12 +100,12 @@ class PoisonTask(LoaderError):
     """
 
     def __init__(
-        self, message: str, *, task: int, indices: Sequence[int], attempts: int,
+        self, message: str, *, task: int, indices: Any, attempts: int,
         deaths: Sequence[str] = (),
     ) -> None:
         super().__init__(message)
         self.task = task
-        self.indices = list(indices)
+        self.indices = plain_indices(indices)
         self.attempts = attempts
         self.deaths = list(deaths)
 
@@ -115,12 +115,12 @@ class WorkerTimeout(LoaderError):
 
     def __init__(
         self, message: str, *, timeout_s: float,
-        tasks: Mapping[int, Sequence[int]] | None = None,
+        tasks: Mapping[int, Any] | None = None,
         worker_id: int | None = None, pid: int | None = None,
     ) -> None:
         super().__init__(message)
         self.timeout_s = timeout_s
-        self.tasks = dict(tasks or {})
+        self.tasks = _plain_tasks(tasks)
         self.worker_id = worker_id
         self.pid = pid
 
@@ -230,12 +230,39 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def format_indices(indices: Sequence[Any] | None, limit: int = 12) -> str:
+def plain_indices(indices: Any) -> list[Any]:
+    """A task's sample indices as a list of plain values, whatever the sampler put them in (a list,
+    tuple, range, ndarray or tensor): numpy and torch numbers become Python's (``tolist()``), so
+    messages and error attributes show numbers. None (an iterable dataset's task) gives ``[]``."""
+    if indices is None:
+        return []
+    whole = _tolist(indices)
+    if whole is not indices:
+        return whole if isinstance(whole, list) else [whole]  # a 0-d array or tensor: one index
+    try:
+        items = list(indices)
+    except TypeError:  # one index that is no sequence
+        return [indices]
+    return [_tolist(value) for value in items]
+
+
+def _tolist(value: Any) -> Any:
+    """``value.tolist()`` for an ndarray, tensor or numpy scalar; anything else as it is."""
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) else value
+
+
+def _plain_tasks(tasks: Mapping[int, Any] | None) -> dict[int, list[Any] | None]:
+    """An error's ``tasks`` attribute: task number -> plain sample indices (None: iterable dataset)."""
+    return {task: None if indices is None else plain_indices(indices) for task, indices in (tasks or {}).items()}
+
+
+def format_indices(indices: Any, limit: int = 12) -> str:
     """Compact sample indices: runs of consecutive integers become ``a..b``; long lists are cut
     with a count. Anything that is not an integer (a float, a string key) prints as it is."""
     if indices is None:
         return "(iterable dataset: no sample indices)"
-    items = list(indices)
+    items = plain_indices(indices)
     if not items:
         return "[]"
     parts: list[str] = []

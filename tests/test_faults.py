@@ -163,6 +163,27 @@ def test_describe_exit_names_signals_and_codes() -> None:
     assert format_indices([0, 1, 2, 5, 7, 8]) == "[0..2, 5, 7..8]"
 
 
+def test_error_facts_take_any_batch_a_batch_sampler_yields() -> None:
+    """A batch of indices reaches the engine as the batch sampler made it (an ndarray, a range, a
+    tuple, a tensor): messages show its numbers, and the errors' attributes hold plain lists."""
+    assert format_indices(np.array([5, 6, 7, 9])) == "[5..7, 9]"
+    assert format_indices(range(3, 6)) == format_indices((3, 4, 5)) == "[3..5]"
+    assert format_indices(np.array([[0, 1], [2, 3]])) == "[[0, 1], [2, 3]]"  # not indices: shown as they are
+    poison = faults.poison(3, np.array([6, 7]), 3, ["a", "b", "c"])
+    assert "sample indices [6..7]" in str(poison) and poison.indices == [6, 7] and poison.tasks == {3: [6, 7]}
+    hung = faults.hung(0, 1, 2, np.array([4, 5]), 0.5)
+    assert "sample indices [4..5]" in str(hung) and hung.tasks == {2: [4, 5]}
+    died = faults.died(2, 1234, -9, {5: np.array([10, 11]), 6: range(12, 14)}, "/dev/shm")
+    assert "sample indices [10..11]" in str(died) and died.tasks == {5: [10, 11], 6: [12, 13]}
+
+
+def test_error_facts_show_a_tensor_batchs_numbers() -> None:
+    torch = pytest.importorskip("torch")
+    assert format_indices(torch.tensor([5, 6, 7, 9])) == "[5..7, 9]"
+    assert format_indices([torch.tensor(4)]) == "[4]"  # one sampled index (batch_size=None)
+    assert faults.poison(1, torch.tensor([2, 3]), 3, []).indices == [2, 3]
+
+
 def test_died_message_facts_then_hints_then_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 4096)
     exc = faults.died(2, 1234, -7, {5: [10, 11], 6: [12, 13]}, "/dev/shm")

@@ -293,3 +293,60 @@ def test_worker_random_streams_match_torch() -> None:
         common = min(len(theirs[wid]), len(ours[wid]))
         assert common >= 4, f"worker {wid} ran too few samples to compare"
         assert ours[wid][:common] == theirs[wid][:common], f"worker {wid}'s random draws differ"
+
+
+class SeesIndexBatch(tdata.Dataset):
+    """Reports the type of the batch of indices its ``__getitems__`` receives, and refuses index 6."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"i": int(i), "got": "one index"}
+
+    def __getitems__(self, idx: Any) -> list[dict[str, Any]]:
+        if 6 in [int(i) for i in idx]:
+            raise ValueError("sample 6 is bad")
+        return [{"i": int(i), "got": type(idx).__name__} for i in idx]
+
+
+INDEX_BATCHES = {  # what a batch sampler may yield; torch hands each to __getitems__ as it is
+    "tensor": lambda: [torch.tensor([5, 1, 3]), torch.tensor([0, 7])],
+    "tuple": lambda: [(5, 1, 3), (0, 7)],
+    "range": lambda: [range(2, 5), range(0, 2)],
+    "ndarray": lambda: [np.array([5, 1, 3])],
+}
+
+
+def _seen(loader: Any) -> list[tuple[list[int], list[str]]]:
+    try:
+        return [(b["i"].tolist(), b["got"]) for b in loader]
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(INDEX_BATCHES))
+def test_a_batch_samplers_batch_reaches_the_dataset_unchanged(kind: str) -> None:
+    """With workers as without: a tensor of indices stays a tensor (``__getitems__`` may gather with
+    it), a tuple a tuple, a range a range, an ndarray an ndarray. It used to arrive as a list."""
+    method = _start_methods()[0]
+    theirs = _seen(tdata.DataLoader(SeesIndexBatch(), batch_sampler=INDEX_BATCHES[kind](), num_workers=2,
+                                    multiprocessing_context=method))
+    assert {g for _, got in theirs for g in got} == {type(INDEX_BATCHES[kind]()[0]).__name__}
+    for num_workers in (0, 2):
+        ours = DataLoader(SeesIndexBatch(), batch_sampler=INDEX_BATCHES[kind](), num_workers=num_workers,
+                          multiprocessing_context=method if num_workers else None)
+        assert _seen(ours) == theirs, f"num_workers={num_workers}"
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_error_names_a_tensor_batchs_indices_as_numbers() -> None:
+    loader = DataLoader(SeesIndexBatch(), batch_sampler=[torch.tensor([5, 6, 7, 2])], num_workers=1)
+    try:
+        with pytest.raises(ValueError, match=r"task 0, sample indices \[5\.\.7, 2\]\)") as info:
+            next(iter(loader))
+        assert "sample 6 is bad" in str(info.value)
+    finally:
+        loader.close()

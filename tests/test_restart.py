@@ -63,6 +63,24 @@ def test_out_of_order_delivery_is_still_exactly_once(tmp_path: Any) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_batch_samplers_own_batches_are_re_sent_and_named_after_deaths(method: str, tmp_path: Any) -> None:
+    """The batch sampler's batches reach the engine as they are (ranges, tuples here): a dead
+    worker's task is re-sent as it was, and a poison task's indices are still plain numbers."""
+    batches = [range(s, s + BATCH) for s in range(0, N, BATCH)]
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {3: "kill", 22: "exit"}), batch_sampler=batches,
+                        num_workers=2, multiprocessing_context=method, on_worker_death="restart")
+    assert_exactly_once_in_order([b.copy() for b in loader])
+    assert loader.stats()["worker_restarts"] == 2
+    loader = DataLoader(fd.FaultyDataset(20, "getitem", "kill", at=5), batch_sampler=[(0, 1), (4, 5)],
+                        num_workers=1, multiprocessing_context=method, on_worker_death="restart",
+                        max_task_attempts=2)
+    with pytest.raises(PoisonTask, match=r"task 1 \(sample indices \[4\.\.5\]\)") as info:
+        list(loader)
+    assert (info.value.indices, info.value.tasks) == ([4, 5], {1: [4, 5]})
+
+
+@pytest.mark.timeout(60)
 def test_persistent_workers_restart_then_next_epoch(tmp_path: Any) -> None:
     loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {5: "kill", 6: "kill"}), batch_size=BATCH,
                         num_workers=2, persistent_workers=True, on_worker_death="restart", max_restarts=2)

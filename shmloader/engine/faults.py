@@ -19,7 +19,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from shmloader.errors import (
     PoisonTask,
@@ -30,10 +30,11 @@ from shmloader.errors import (
     describe_exit,
     format_indices,
     format_tasks,
+    plain_indices,
 )
 from shmloader.transport import shm_space
 
-Tasks = Mapping[int, Sequence[int] | None]
+Tasks = Mapping[int, Any]  # task -> its indices as the sampler made them (None: iterable dataset)
 Key = tuple[int, int]  # (epoch, task)
 
 # A worker's start-up (unpickling the dataset, importing, worker_init_fn) may legitimately take far
@@ -210,12 +211,12 @@ def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: T
     return RestartBudgetExceeded(msg, worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
 
 
-def poison(task: int, indices: Sequence[int] | None, attempts: int, deaths: Sequence[str]) -> PoisonTask:
+def poison(task: int, indices: Any, attempts: int, deaths: Sequence[str]) -> PoisonTask:
     msg = (f"task {task} (sample indices {format_indices(indices)}) killed its worker on each of "
            f"{attempts} attempts and is not retried again: " + _some(deaths) +
            ". Check those samples; max_task_attempts (SHMLOADER_MAX_TASK_ATTEMPTS) sets the bound.")
-    exc = PoisonTask(msg, task=task, indices=list(indices or []), attempts=attempts, deaths=deaths)
-    exc.tasks = {task: list(indices or [])}  # type: ignore[attr-defined]  # as the other errors carry it
+    exc = PoisonTask(msg, task=task, indices=indices, attempts=attempts, deaths=deaths)
+    exc.tasks = {task: exc.indices}  # type: ignore[attr-defined]  # as the other errors carry it
     return exc
 
 
@@ -237,7 +238,7 @@ def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | No
     return WorkerTimeout(msg, timeout_s=timeout_s, tasks=_attr(tasks))
 
 
-def hung(worker_id: int, pid: int | None, task: int, indices: Sequence[int] | None,
+def hung(worker_id: int, pid: int | None, task: int, indices: Any,
          deadline_s: float, *, starting: bool = False, iterable: bool = False) -> WorkerHung:
     """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader killed."""
     held = f"task {task} (sample indices {format_indices(indices)})"
@@ -251,7 +252,7 @@ def hung(worker_id: int, pid: int | None, task: int, indices: Sequence[int] | No
               "Pass on_worker_death='restart' to retry the task in a new worker, or raise task_timeout_s "
               "(SHMLOADER_TASK_TIMEOUT_S).")
     msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL. {advice}"
-    return WorkerHung(msg, timeout_s=deadline_s, tasks={task: list(indices or [])}, worker_id=worker_id, pid=pid)
+    return WorkerHung(msg, timeout_s=deadline_s, tasks={task: plain_indices(indices)}, worker_id=worker_id, pid=pid)
 
 
 _OOM_KILLS_AT_START = _cgroup_oom_kills()

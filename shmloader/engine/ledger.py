@@ -40,7 +40,7 @@ class TaskRecord:
 
     __slots__ = ("epoch", "task", "key", "indices", "slot", "worker_id")
 
-    def __init__(self, epoch: int, task: int, indices: list[Any] | None, slot: Slot | None,
+    def __init__(self, epoch: int, task: int, indices: Any, slot: Slot | None,
                  worker_id: int = -1) -> None:
         self.epoch = epoch
         self.task = task
@@ -83,7 +83,7 @@ class Ledger:
                 yield rec
 
     # -- transitions -----------------------------------------------------------------------------
-    def assign(self, epoch: int, task: int, indices: list[Any] | None, min_bytes: int) -> TaskRecord:
+    def assign(self, epoch: int, task: int, indices: Any, min_bytes: int) -> TaskRecord:
         """A new task in flight, holding a free slot of at least ``min_bytes`` (the ring grows when
         every slot is taken)."""
         key = (epoch, task)

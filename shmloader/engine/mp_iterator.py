@@ -32,6 +32,7 @@ import pickle
 import time
 import traceback
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from shmloader.engine import faults
@@ -307,11 +308,16 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             self._next_task += 1
             self._dispatcher.skip()
 
-    def _next_indices(self) -> list[Any] | None:
+    def _next_indices(self) -> Any:
+        """The task's indices: the batch sampler's batch as it is (a tensor, ndarray, tuple or range
+        reaches ``__getitems__`` unchanged, as in torch's workers; a one-pass iterator, which could be
+        neither pickled nor re-sent after a death, as a list), or ``[index]`` without auto-collation."""
         batch = next(self._sampler_iter)
         if self._iterable:
             return None
-        return list(batch) if self._auto_collation else [batch]
+        if not self._auto_collation:
+            return [batch]
+        return list(batch) if isinstance(batch, Iterator) else batch
 
     def _send(self, worker: WorkerHandle, rec: TaskRecord) -> None:
         rec.worker_id = worker.id

@@ -48,7 +48,7 @@ class SlotRef(NamedTuple):
 class Task(NamedTuple):
     epoch: int
     task: int
-    indices: list[int] | None  # None for an iterable dataset's task
+    indices: Any  # the batch sampler's batch as it is, [index] without batching; None for an iterable dataset
     slot: SlotRef
     seed: int | None = None  # per-task seeding (base_seed, task) when enabled
 
