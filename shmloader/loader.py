@@ -5,7 +5,9 @@ environment variable > default), the default samplers, the choice of collation, 
 ``persistent_workers`` — the one multi-process iterator whose workers and ring outlive an epoch.
 Runs in the main process. Promises torch's behaviour: the same validations, error types and
 messages, ``len()`` rules, immutability of ``batch_size, batch_sampler, sampler, drop_last, dataset,
-persistent_workers`` after construction, and a fresh sampler iteration each epoch.
+persistent_workers`` after construction, and a fresh sampler iteration each epoch. A loader pickles
+and deep-copies as torch's does (what a copy carries: loader_copy.py); the call's explicit
+arguments are recorded by loader_call.py.
 
 ``shmloader.DataLoader`` is numpy-native (numpy in, numpy out; tensors in, tensors out).
 ``shmloader.torch.DataLoader`` (shmloader/torch/loader.py) subclasses this class and torch's
@@ -15,8 +17,6 @@ and overrides ``_default_sampler``/``_default_batch_sampler`` to make torch's ow
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import multiprocessing
 import warnings
@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from shmloader import collate as _collate
 from shmloader import loader_checks as checks
+from shmloader import loader_copy
 from shmloader._generators import seed_stream
 from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
@@ -36,6 +37,7 @@ from shmloader.engine.plan import Plan
 from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
 from shmloader.gpu import pinning
+from shmloader.loader_call import records_explicit
 from shmloader.log import apply_log_level
 from shmloader.owner import ProcessOwner
 from shmloader.plugins import build_plugin_manager
@@ -59,33 +61,6 @@ class _InfiniteConstantSampler(Sampler):
             yield None
 
 
-def _records_explicit(init: Callable[..., None]) -> Callable[..., None]:
-    """Record which arguments the caller actually passed (so env vars fill only the others)."""
-    signature = inspect.signature(init)
-
-    @functools.wraps(init)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-        except TypeError as exc:  # in Python's own words, which name the function, as torch's do
-            raise TypeError(f"{type(self).__name__}.__init__() {_bind_error(signature, exc, len(args) + 1)}") from None
-        object.__setattr__(self, "_explicit", {k: v for k, v in bound.arguments.items() if k != "self"})
-        init(self, *args, **kwargs)
-
-    return wrapper
-
-
-def _bind_error(signature: inspect.Signature, exc: TypeError, given: int) -> str:
-    """``Signature.bind``'s complaint as the interpreter words it for a call."""
-    if "too many positional arguments" not in str(exc):
-        return str(exc)
-    positional = [p for p in signature.parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = sum(1 for p in positional if p.default is p.empty)
-    takes = f"{required}" if required == len(positional) else f"from {required} to {len(positional)}"
-    return f"takes {takes} positional arguments but {given} were given"
-
-
 class DataLoader(Generic[T_co]):
     """Combines a dataset and a sampler and iterates over batches, as torch's DataLoader does.
 
@@ -99,7 +74,7 @@ class DataLoader(Generic[T_co]):
     _explicit: dict[str, Any]  # set by _records_explicit before __init__ runs
     __initialized = False
 
-    @_records_explicit
+    @records_explicit
     def __init__(
         self,
         dataset: Any,
@@ -170,16 +145,30 @@ class DataLoader(Generic[T_co]):
         self.generator = generator
         self.collate_fn = collate_fn if collate_fn is not None else self._default_collate_fn()
         self.persistent_workers = persistent_workers
-        self._plugins = build_plugin_manager(plugins)
+        self._user_plugins = list(plugins or ())  # a pickled or copied loader carries these (loader_copy.py)
+        if self._explicit.get("plugins") is not None:
+            self._explicit["plugins"] = self._user_plugins  # read back as given, even from a one-pass iterable
+        self._start_machinery()
+        self._IterableDataset_len_called: int | None = None
+        self.__initialized = True
+        self.check_worker_number_rationality()
+
+    def _start_machinery(self) -> None:
+        """What each loader object makes for itself, at construction and when unpickled or copied."""
+        self._plugins = build_plugin_manager(self._user_plugins)
         self._events = Events(self._plugins)
         self._pin = pinning.PinState()  # the one pin backend (chosen with the first ring) and its warning
         self._book = EpochBook(self)  # epochs, the latest record, a loaded resume (state.py's)
         self._iterator: BaseIter | None = None  # the persistent iterator
         self._live: weakref.WeakSet[BaseIter] = weakref.WeakSet()  # every iterator close() must stop
         self._creator = ProcessOwner()
-        self._IterableDataset_len_called: int | None = None
-        self.__initialized = True
-        self.check_worker_number_rationality()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle or copy carries: the loader, never its iterators, workers or plugin manager."""
+        return loader_copy.carried_state(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        loader_copy.restore(self, state)
 
     # -- default samplers: shmloader's here; the torch flavour makes torch's own -----------------
     def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Sampler | Iterable:

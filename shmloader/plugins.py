@@ -39,7 +39,8 @@ from shmloader.config import register_variable
 from shmloader.config_fields import bool_switch
 from shmloader.errors import PluginError
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginError", "Plugins", "build_plugin_manager", "worker_collate_rules"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginError", "Plugins", "build_plugin_manager", "plugin_name",
+           "worker_collate_rules"]
 
 ENTRY_POINT_GROUP = "shmloader"
 _HOOK_PREFIX = "shmloader_"
@@ -90,7 +91,7 @@ class Plugins:
         if inspect.isclass(plugin):
             raise PluginError(f"plugin {plugin.__name__!r} is a class: pass an instance of it",
                               plugin=plugin.__name__, hook=None)
-        name = self._unique(name or _default_name(plugin))
+        name = self._unique(name or plugin_name(plugin))
         try:
             self.pm.register(plugin, name)
         except pluggy.PluginValidationError as exc:
@@ -219,7 +220,8 @@ def load_entry_point_plugins() -> list[tuple[str, Any]]:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _default_name(plugin: Any) -> str:
+def plugin_name(plugin: Any) -> str:
+    """The name a plugin is registered under by default: a module's name, else its class's."""
     if inspect.ismodule(plugin):
         return plugin.__name__
     return type(plugin).__name__

@@ -212,3 +212,30 @@ def test_init_kwargs_adding_workers_gives_torchs_defaults(source: type) -> None:
         assert [b["index"].tolist() for b in ours] == [b["index"].tolist() for b in theirs] == [[0, 1, 2, 3], [4, 5]]
     finally:
         ours.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_it_pickles_and_deep_copies_as_torchs_loader_does(how: str) -> None:
+    """mp.spawn and Lightning's ddp_spawn pickle the loaders they are handed; the copy iterates
+    the batches torch's copy does, keeps the extras and still rebuilds through init_kwargs."""
+    import copy
+    import pickle
+
+    clone_of = {"pickle": lambda x: pickle.loads(pickle.dumps(x)), "deepcopy": copy.deepcopy}[how]
+
+    def epochs(cls: type, **extra: Any) -> list[list[list[int]]]:
+        loader = cls(Indexed(10), batch_size=4, shuffle=True, num_workers=2,
+                     generator=torch.Generator().manual_seed(3), **extra)
+        clone = clone_of(loader)
+        try:
+            if cls is st.DataLoader:
+                assert type(clone) is st.DataLoader and clone.slot_bytes == 1 << 20
+                assert st.init_kwargs(clone)["slot_bytes"] == 1 << 20
+            return [[b["index"].tolist() for b in clone], [b["index"].tolist() for b in loader]]
+        finally:
+            for each in (clone, loader):
+                if hasattr(each, "close"):
+                    each.close()
+
+    assert epochs(st.DataLoader, slot_bytes=1 << 20) == epochs(tdata.DataLoader)
