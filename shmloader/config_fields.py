@@ -152,6 +152,8 @@ def _parse_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise _Invalid("is not a number") from None
+    if value == 0 and any(c in "123456789" for c in text.lower().partition("e")[0]):
+        raise _Invalid("is too small: it rounds to 0, which means no timeout")  # e.g. 1e-400
     return _check_seconds(value)
 
 

@@ -195,6 +195,9 @@ BAD_VALUES = [
     ("SHMLOADER_DISPATCH", "ROUND_ROBIN", "is not a dispatch policy (expected one of round_robin, least_loaded)"),
     ("SHMLOADER_TASK_TIMEOUT_S", "5m", "is not a number (expected a finite number >= 0 (seconds))"),
     ("SHMLOADER_TASK_TIMEOUT_S", "-0.5", "is out of range (expected a finite number >= 0 (seconds))"),
+    # a positive value that rounds to 0.0 would silently mean "off" (timeout: wait forever)
+    ("SHMLOADER_TIMEOUT", "1e-400", "is too small: it rounds to 0, which means no timeout (expected a finite"),
+    ("SHMLOADER_TASK_TIMEOUT_S", "0.1e-330", "is too small: it rounds to 0, which means no timeout (expected a"),
     ("SHMLOADER_COLLATE_THREADS", "-1", "is out of range (expected an integer >= 0)"),
     ("SHMLOADER_COLLATE_THREADS", "auto", "is not an integer (expected an integer >= 0)"),
     ("SHMLOADER_LOG_LEVEL", "LOUD", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
@@ -209,6 +212,11 @@ def test_bad_environment_value_names_variable_value_and_what_is_accepted(variabl
     assert str(info.value).startswith(f"{variable}={raw!r} {words}")
     assert info.value.name == variable and info.value.value == raw
     assert isinstance(info.value, ValueError)
+
+
+def test_zero_written_any_way_is_still_zero() -> None:
+    for raw in ("0", "0.0", "0e-400", "-0", "0_0"):
+        assert resolve_quiet({}, {**WORKERS, "SHMLOADER_TIMEOUT": raw}).timeout == 0
 
 
 def test_bad_shm_dir_that_is_a_file(tmp_path) -> None:
