@@ -96,6 +96,24 @@ def test_reader_long_header(pipe):
     assert [pickle.loads(f) for f in wire.FrameReader(r).read()] == ["long"]
 
 
+def test_reader_alternates_single_whole_frames_and_cut_ones(pipe):
+    """A read that is exactly one frame is taken as it is (the common case); one that is not goes
+    through the buffer, and the next whole one after it is still whole and in order."""
+    r, w = pipe
+    reader = wire.FrameReader(r)
+    os.write(w, _frame("one"))
+    assert [pickle.loads(f) for f in reader.read()] == ["one"]
+    os.write(w, struct.pack("!i", 0))  # an empty payload: a frame of its own
+    assert reader.read() == [b""]
+    two, three = _frame("two"), _frame("three")
+    os.write(w, two + three[:5])
+    assert [pickle.loads(f) for f in reader.read()] == ["two"]
+    os.write(w, three[5:])
+    assert [pickle.loads(f) for f in reader.read()] == ["three"]
+    os.write(w, _frame("four"))
+    assert [pickle.loads(f) for f in reader.read()] == ["four"]
+
+
 def test_reader_eof_after_the_last_whole_frame(pipe):
     r, w = pipe
     reader = wire.FrameReader(r)

@@ -104,6 +104,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._head_only = (plan.in_order and cfg.dispatch == ROUND_ROBIN and not self._iterable
                            and cfg.task_timeout_s <= 0)
         self._start_failures: dict[int, int] = {}
+        self._deadlined = plan.timeout_s > 0 or cfg.task_timeout_s > 0  # else the wait has no timeout to compute
         self._ring = plan.make_ring()
         self._ledger = Ledger(self._ring)
         self._growths = Growths(self._ledger)
@@ -279,9 +280,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             exhausted, capacity = self._none_exhausted, self._full_capacity
         held = self._held()  # kept up to date below: built once per call, not once per task
         workers = self._pool.workers
+        skip, ring = self._skip, self._ring
         while in_pipeline < capacity:
             try:
-                self._skip_delivered()  # first, so the worker is chosen for the task number it runs
+                if self._next_task in skip:  # first, so the worker is chosen for the task number it runs
+                    self._skip_delivered()
                 w = self._dispatcher.pick(self._next_task, held, exhausted)
                 if w is None:
                     return
@@ -291,7 +294,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                 return
             rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_bytes)
             self._next_task += 1
-            self._flush_detach()
+            if ring.retired_names:
+                self._flush_detach()
             self._send(workers[w], rec)
             held[w] += 1
             in_pipeline += 1

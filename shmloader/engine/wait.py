@@ -77,11 +77,19 @@ class WaitAndRecover:
         if self._fault is not None:
             fault, self._fault = self._fault, None
             raise self._fail(fault)
-        poller, by_fd = self._poller()
+        poll_set = self._poll_set
+        if poll_set is None or poll_set[0] != self._pool.generation:  # _poller() inlined: once per wait
+            self._poller()
+            poll_set = self._poll_set
+            assert poll_set is not None
+        poller, by_fd = poll_set[1], poll_set[2]
         if self._pool.backlog or self._room_polled:
             self._flush_backlog(poller, by_fd)
-        timeout_s = self._wait_timeout(started)
-        ms = None if timeout_s is None else min(math.ceil(timeout_s * 1000), _MAX_POLL_MS)
+        if self._deadlined:
+            timeout_s = self._wait_timeout(started)
+            ms = None if timeout_s is None else min(math.ceil(timeout_s * 1000), _MAX_POLL_MS)
+        else:
+            ms = None
         if self._head_only:  # what is there now, from any worker; asleep, woken by the due batch only
             ready = poller.poll(0)
             if not ready and ms != 0:
@@ -108,12 +116,13 @@ class WaitAndRecover:
                 continue
             for msg in replies:
                 self._process(w, msg)
-        for w in dict.fromkeys(dead):
+        for w in dict.fromkeys(dead) if dead else ():
             if self._fault is None and self._pool.workers[w.id] is w:
                 self._drain(w)
                 self._on_death(w, cause=None)
 
-    _poll_set: tuple[tuple[WorkerHandle, ...], Any, dict[int, tuple[WorkerHandle, bool | None]]] | None = None
+    _poll_set: tuple[int, Any, dict[int, tuple[WorkerHandle, bool | None]]] | None = None  # (pool generation, ...)
+    _deadlined = True  # set by MultiProcessIter: False when neither timeout= nor a task deadline applies
     _room_polled: set[int]  # task pipes polled for room (POLLOUT), set anew with the poll set
     _head_only = False  # set by MultiProcessIter: asleep, the wait is woken by the due batch's worker only
     _head_pollers: dict[int, Any]  # worker id -> its poll set for sleeping (_head_poller), set anew with the poll set
@@ -124,13 +133,13 @@ class WaitAndRecover:
         Rebuilt when the set of workers changes (a restart). ``by_fd`` maps a polled fd to its
         worker and what it is: True its sentinel, False its reply pipe, None its task pipe, polled
         for room while its outbox is not empty (``_flush_backlog``)."""
-        workers = tuple(self._pool.workers)
-        if self._poll_set is None or self._poll_set[0] != workers:
+        generation = self._pool.generation
+        if self._poll_set is None or self._poll_set[0] != generation:
             by_fd: dict[int, tuple[WorkerHandle, bool | None]] = {}
-            for w in workers:
+            for w in self._pool.workers:
                 by_fd[w.results.fileno()] = (w, False)
                 by_fd[w.process.sentinel] = (w, True)
-            self._poll_set = (workers, self._new_poll(by_fd), by_fd)
+            self._poll_set = (generation, self._new_poll(by_fd), by_fd)
             self._room_polled = set()
             self._head_pollers = {}
         return self._poll_set[1], self._poll_set[2]
@@ -212,6 +221,13 @@ class WaitAndRecover:
         return True
 
     def _process(self, w: WorkerHandle, msg: Any) -> None:
+        if type(msg) is Filled and msg.epoch == self._epoch:  # a batch of this epoch: most replies
+            rec = self._ledger.get((msg.epoch, msg.task))
+            if rec is not None:
+                w.pop(rec.key)
+                self._ledger.fill(rec, msg.slot_id)
+                self._reorder.put(rec.task, (rec, msg))
+                return
         if isinstance(msg, Ready):
             w.ready = True
             w.head_since = time.monotonic()  # the first task's deadline starts now, not at dispatch

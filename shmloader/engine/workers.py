@@ -184,6 +184,7 @@ class WorkerPool:
             self._payload = cloudpickle.dumps(spec)
         self.workers: list[WorkerHandle] = []
         self.backlog: set[WorkerHandle] = set()  # workers whose outbox holds bytes not yet written
+        self.generation = 0  # changes whenever ``workers`` does: a poll set over them is rebuilt
 
     def start_all(self) -> None:
         """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
@@ -228,6 +229,7 @@ class WorkerPool:
 
     def _place(self, handle: WorkerHandle) -> None:
         """Record ``handle`` in ``workers`` at its id (idempotent)."""
+        self.generation += 1
         if handle.id < len(self.workers):
             self.workers[handle.id] = handle  # a restart: its predecessor is reaped already
         else:
@@ -285,6 +287,7 @@ class WorkerPool:
         A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
         """
         workers, self.workers = self.workers, []
+        self.generation += 1
         try:
             for w in workers:
                 try:

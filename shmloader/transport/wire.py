@@ -105,7 +105,12 @@ class FrameReader:
     def read(self) -> list[bytes]:
         """One ``os.read`` (call it when the pipe polls readable); the whole frames now buffered.
         ``EOFError`` when the writer has closed its end and no whole frame is left."""
-        chunk = os.read(self.fd, max(_READ_BYTES, self._missing()))
+        if self._buf:
+            chunk = os.read(self.fd, max(_READ_BYTES, self._missing()))
+        else:  # the common case: nothing left over, and the read is one whole frame (issue 16)
+            chunk = os.read(self.fd, _READ_BYTES)
+            if len(chunk) >= 4 and _HEADER.unpack_from(chunk)[0] == len(chunk) - 4:
+                return [chunk[4:]]
         if not chunk:
             raise EOFError(f"pipe {self.fd} closed")
         self._buf += chunk
