@@ -52,7 +52,8 @@ class EpochBook:
         The generators are snapshotted before ``iter(index_sampler)``, which may draw (a sampler
         that makes its whole order there); a resume restores that snapshot and replays the same
         draws: ``iter()``, then the base seed's draw when the saved epoch drew one. The sampler's
-        first item is taken here with ``draw_at_iter`` (torch's multi-process iterator), else at
+        first item is taken here with ``draw_at_iter`` (torch's multi-process iterator; resuming a
+        state saved without workers, under the global RNG its first ``next()`` drew under), else at
         the first ``next()`` (its single-process one; see ``FirstDraw``). After
         ``load_state_dict`` the saved base seed is used and delivered tasks are skipped: map-style
         ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
@@ -66,8 +67,11 @@ class EpochBook:
             first = None if resume is None or resume.torch_first is None else torch_bytes(resume.torch_first)
             record = _state.new_record(self._loader, self, base_seed, objects,
                                        replace(random, seed_drawn=drawn, torch_first=first), resume)
-            if not iterable:
-                sampler_iter = _state.peeked(sampler_iter) if draw_at_iter else FirstDraw(sampler_iter, record, resume)
+            if not iterable and not draw_at_iter:
+                sampler_iter = FirstDraw(sampler_iter, record, resume)
+            elif not iterable:  # a state saved without workers keeps what its first next() drew under
+                with global_rng(first):
+                    sampler_iter = _state.peeked(sampler_iter)
         skip = record.delivered if resume is not None and not iterable else _state.TaskSet()
         fast_forward = resume.yielded if resume is not None and iterable else 0
         return EpochStart(sampler_iter, base_seed, record, skip, fast_forward)

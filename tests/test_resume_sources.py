@@ -180,19 +180,27 @@ def test_the_samplers_first_draw_is_where_torchs_loader_makes_it(workers: int) -
                 == _draw_between_iter_and_next(torch.utils.data.DataLoader, workers))
 
 
-def _global_rng_loader() -> shmloader.DataLoader:
-    return shmloader.DataLoader(Noisy(), batch_size=BATCH, shuffle=True, task_seeding=True)  # generator=None
+def _global_rng_loader(workers: int = 0) -> shmloader.DataLoader:
+    return shmloader.DataLoader(Noisy(), batch_size=BATCH, shuffle=True, task_seeding=True,  # generator=None
+                                num_workers=workers, multiprocessing_context="fork" if workers else None)
 
 
-def _resumed(state: dict[str, Any]) -> list[Any]:
+def _resumed(state: dict[str, Any], workers: int = 0) -> list[Any]:
     torch.manual_seed(99)  # the resuming process's own global RNG: the state, not it, makes the order
-    resumed = _global_rng_loader()
+    resumed = _global_rng_loader(workers)
     resumed.load_state_dict(json.loads(json.dumps(state)))
-    return batches(resumed)
+    try:
+        return batches(resumed)
+    finally:
+        resumed.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("resumed_workers", [0, 2])
 @pytest.mark.parametrize("save_after", [1, 3])
-def test_a_draw_between_iter_and_the_first_batch_still_resumes_exactly(save_after: int) -> None:
+def test_a_draw_between_iter_and_the_first_batch_still_resumes_exactly(save_after: int, resumed_workers: int) -> None:
+    """Saved without workers (the first draw at the first next()), resumed with or without them
+    (with workers the first draw is at iter(): it must see the same state)."""
     def run(limit: int | None) -> tuple[list[Any], dict[str, Any]]:
         torch.manual_seed(0)
         loader = _global_rng_loader()
@@ -202,7 +210,8 @@ def test_a_draw_between_iter_and_the_first_batch_still_resumes_exactly(save_afte
 
     reference, _ = run(None)
     before, state = run(save_after)
-    assert before + _resumed(state) == reference
+    with quiet():
+        assert before + _resumed(state, resumed_workers) == reference
 
 
 def test_a_state_saved_before_the_first_batch_resumes_the_whole_epoch() -> None:
