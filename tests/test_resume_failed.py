@@ -121,3 +121,46 @@ def test_an_iterable_datasets_failed_batch_is_fast_forwarded_over(workers: int) 
     before, state, after = _save_and_resume((workers, workers), failed + 2, iterable=True)
     assert before == reference[:failed + 2] and state["yielded"] == failed + 2
     assert after == reference[failed + 2:]  # made again and dropped, the failure too: not raised again
+
+
+class FailsAtSample(FailsAt):
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == self.bad:
+            raise KeyError(f"bad sample {i}")
+        return np.array([i, np.random.randint(1 << 30)], dtype=np.int64)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("bad", [BAD, 7], ids=["first-batch", "read-ahead"])
+def test_a_failed_batch_through_to_device_counts_as_delivered(workers: int, bad: int) -> None:
+    """``to_device``'s state_dict() (what docs/resume.md says to save) right after a batch's error
+    was raised: that batch is delivered, whether its read failed with nothing before it (the first
+    batch) or while the batch before it was in the caller's hands (read ahead, raised later)."""
+    pytest.importorskip("torch")
+
+    def loader() -> shmloader.DataLoader:
+        extra = {"multiprocessing_context": "fork"} if workers else {}
+        return shmloader.DataLoader(FailsAtSample(bad), batch_size=BATCH, num_workers=workers, generator=7,
+                                    task_seeding=True, **extra)
+
+    with quiet():
+        reference = handed_out(iter(loader()))
+        failed = reference.index("error")
+        source = loader()
+        moved = shmloader.to_device(source, "cpu")
+        it = iter(moved)
+        before = handed_out(it, failed + 1)
+        state = json.loads(json.dumps(moved.state_dict()))
+        del it
+        source.close()
+        resumed = loader()
+        resumed.load_state_dict(state)
+        after = handed_out(iter(resumed))
+        resumed.close()
+    assert before == reference[:failed + 1]
+    assert state["delivered"] == [[0, failed + 1]] and state["yielded"] == failed + 1
+    assert after == reference[failed + 1:]

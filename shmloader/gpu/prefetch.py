@@ -29,6 +29,7 @@ copied just before each look-ahead read); save that one (docs/resume.md).
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from collections import deque
@@ -159,8 +160,9 @@ class DevicePrefetcher(Owned):
         self._transfer = transfer
         self.held: deque[_Copy] = deque()  # yielded batches whose copy may still read their slot
         # Where the loader's epoch stood before the latest look-ahead read (None: no epoch under
-        # way here, the loader's own state is right).
+        # way here, the loader's own state is right); and after it, when that read raised.
         self._mark: _Mark | None = None
+        self.failed_mark: _Mark | None = None
 
     def __len__(self) -> int:
         return len(self.source)  # type: ignore[arg-type]
@@ -183,12 +185,18 @@ class DevicePrefetcher(Owned):
         """Read the next batch and enqueue its copy (False: the epoch has no more); first mark
         where the loader's epoch stood."""
         record = getattr(batches, "_record", None)  # a loader's iterator keeps its epoch record
+        mark = None
         if save is not None and isinstance(record, _state.EpochRecord):
-            self._mark = _Mark(save, record)
+            mark = functools.partial(_Mark, save, record)
+            self._mark = mark()
+        self.failed_mark = None
         try:
             source = next(batches)
         except StopIteration:
             return False
+        except Exception:  # the batch's error: once raised, the epoch stands after it (it is delivered)
+            self.failed_mark = mark() if mark is not None else None
+            raise
         moved, event = transfer.copy(source, self.device, stream, self.non_blocking)
         pending.append(_Copy(source, moved, event))
         return True
@@ -231,6 +239,7 @@ class _Epoch:
         self.pending: deque[_Copy] = deque()
         self.save = getattr(self.batches, "state_of", None)  # a loader's iterator: its state as of a record
         self.error: BaseException | None = None
+        self.error_mark: _Mark | None = None  # where the epoch stands once ``error`` is raised
         self.done = False
         self._drain = weakref.finalize(self, pre._drain, self.pending)
         self._drain.atexit = False  # no device work during interpreter teardown
@@ -250,8 +259,13 @@ class _Epoch:
         if not pending:
             if self.error is not None:  # read ahead while the batch before it was in the caller's hands
                 exc, self.error = self.error, None
+                pre._mark = self.error_mark  # handed out as its error: the state is after it now
                 raise exc
-            self._read()  # an error here has no batch before it to wait for: raised now
+            try:
+                self._read()  # an error here has no batch before it to wait for: raised now
+            except Exception:
+                pre._mark = pre.failed_mark
+                raise
             if not pending:
                 self._end()
                 raise StopIteration
@@ -259,7 +273,7 @@ class _Epoch:
         try:
             self._read()  # k+1 copies during k's work
         except Exception as exc:  # the loader's error for batch k+1: batch k first
-            self.error = exc
+            self.error, self.error_mark = exc, pre.failed_mark
         moved = current.moved
         self.transfer.wait(moved, current.event, pre.device)
         current.moved = None
