@@ -288,3 +288,16 @@ def test_least_loaded_from_the_environment_delivers_every_batch(monkeypatch: pyt
     loader = shmloader.DataLoader(WhoRan(), batch_size=3, num_workers=2, multiprocessing_context=FORK)
     [epoch] = run_epochs(loader, epochs=1)
     assert [int(i) for b in epoch for i in np.asarray(b)[:, 0]] == list(range(30))
+
+
+def test_a_task_keeps_its_own_copy_of_a_batch_that_could_change():
+    from shmloader.engine.dispatch import task_indices
+
+    listed, array = [3, 1], np.array([4, 2])
+    kept = [task_indices(listed), task_indices(array)]
+    assert [type(k) for k in kept] == [list, np.ndarray] and kept[0] is not listed and kept[1] is not array
+    listed[0] = array[0] = 99  # refilled by its sampler: the tasks' copies do not move
+    assert kept[0] == [3, 1] and kept[1].tolist() == [4, 2]
+    fixed = (5, 6), range(2, 4)
+    assert all(task_indices(b) is b for b in fixed)  # cannot change: kept as they are
+    assert task_indices(i for i in (7, 8)) == [7, 8]  # one pass: a list, which can be sent again

@@ -80,6 +80,29 @@ def test_a_batch_samplers_own_batches_are_re_sent_and_named_after_deaths(method:
     assert (info.value.indices, info.value.tasks) == ([4, 5], {1: [4, 5]})
 
 
+class RefillingBatchSampler:
+    """Yields one list, refilled in place for every batch (each batch right when yielded)."""
+
+    def __len__(self) -> int:
+        return N // BATCH
+
+    def __iter__(self) -> Any:
+        batch = [0] * BATCH
+        for start in range(0, N - N % BATCH, BATCH):
+            batch[:] = range(start, start + BATCH)
+            yield batch
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_workers_task_is_re_sent_with_its_own_indices_not_a_refilled_list(tmp_path: Any) -> None:
+    """A task keeps a copy of its list of indices: a batch sampler that refills one list has moved
+    on by the time a dead worker's task is sent again."""
+    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {3: "kill"}), batch_sampler=RefillingBatchSampler(),
+                        num_workers=2, multiprocessing_context="fork", on_worker_death="restart")
+    assert_exactly_once_in_order([b.copy() for b in loader])
+    assert loader.stats()["worker_restarts"] == 1
+
+
 @pytest.mark.timeout(60)
 def test_persistent_workers_restart_then_next_epoch(tmp_path: Any) -> None:
     loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {5: "kill", 6: "kill"}), batch_size=BATCH,

@@ -1,4 +1,5 @@
-"""The dispatcher: which worker runs the next task. Pure: no I/O, no processes.
+"""The dispatcher: which worker runs the next task, and what of its batch a task keeps. Pure: no
+I/O, no processes.
 
 Owns the round-robin cursor and the rule that picks a worker, given how many tasks each worker
 holds and which workers have run out of data. Promises, with ``prefetch`` tasks at most per worker:
@@ -15,7 +16,11 @@ holds and which workers have run out of data. Promises, with ``prefetch`` tasks 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
 
 ROUND_ROBIN = "round_robin"
 LEAST_LOADED = "least_loaded"
@@ -78,3 +83,27 @@ class Dispatcher:
             return None
         self.cursor = (w + 1) % len(held)
         return w
+
+
+def task_indices(batch: Any) -> Any:
+    """What a task keeps, and sends, of a batch sampler's batch: the batch itself where it cannot
+    change (a tuple, a range), else a copy of the same type, made as the task is dispatched.
+
+    A list or ndarray is copied (a batch sampler may refill one object for every batch, and a dead
+    worker's task is sent again later, named in errors and saved for resume); a tensor is cloned
+    (a view of a larger tensor, ``torch.randperm(n).split(b)``, pickles its whole storage with it);
+    a one-pass iterator (a generator) becomes a list, which can be pickled and sent again.
+    """
+    kind = type(batch)
+    if kind is list:
+        return list(batch)
+    if kind is tuple or kind is range:
+        return batch
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    torch = sys.modules.get("torch")  # a tensor means torch is imported
+    if torch is not None and isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, Iterator):
+        return list(batch)
+    return batch

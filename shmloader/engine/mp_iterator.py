@@ -32,11 +32,10 @@ import pickle
 import time
 import traceback
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from shmloader.engine import faults
-from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher
+from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher, task_indices
 from shmloader.engine.growth import Growths
 from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
@@ -313,15 +312,15 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             self._dispatcher.skip()
 
     def _next_indices(self) -> Any:
-        """The task's indices: the batch sampler's batch as it is (a tensor, ndarray, tuple or range
-        reaches ``__getitems__`` unchanged, as in torch's workers; a one-pass iterator, which could be
-        neither pickled nor re-sent after a death, as a list), or ``[index]`` without auto-collation."""
+        """The task's indices: the batch sampler's batch, of its own type (a tensor, ndarray, tuple or
+        range reaches ``__getitems__`` as such, as in torch's workers), the task's own copy
+        (``dispatch.task_indices``); or ``[index]`` without auto-collation."""
         batch = next(self._sampler_iter)
         if self._iterable:
             return None
         if not self._auto_collation:
             return [batch]
-        return list(batch) if isinstance(batch, Iterator) else batch
+        return task_indices(batch)
 
     def _send(self, worker: WorkerHandle, rec: TaskRecord) -> None:
         rec.worker_id = worker.id
