@@ -21,12 +21,7 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
     """Check the counts as torch does; returns ``num_workers`` as a plain int. Like torch, any
     integer-like value is taken (``np.int64(2)`` from a config array, ``True``); what no
     ``operator.index`` takes is refused by name rather than by a failure deep inside."""
-    try:
-        num_workers = operator.index(num_workers)
-    except TypeError:
-        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
-    if num_workers < 0:
-        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    num_workers = _worker_count(num_workers)
     if timeout < 0:
         raise ValueError("timeout option should be non-negative")
     if num_workers == 0 and prefetch_factor is not None:
@@ -47,15 +42,26 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
     return num_workers
 
 
-def check_prefetch_at_iter(prefetch_factor: Any, num_workers: int) -> int:
+def _worker_count(num_workers: Any) -> int:
+    try:
+        num_workers = operator.index(num_workers)
+    except TypeError:
+        raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    return num_workers
+
+
+def check_prefetch_at_iter(prefetch_factor: Any, num_workers: Any) -> int:
     """The tasks per worker an iterator with ``num_workers`` workers may use (0 without workers).
 
     ``prefetch_factor`` is checked again here, as torch's iterator does, since the attribute (or
     ``num_workers``, leaving it None) can be set after construction; a value no task could be sent
     with would make the first ``next()`` wait forever. None or a non-integer raises TypeError, as
-    torch does; 0 or below PrefetchFactorError (a ConfigError and torch's AssertionError).
+    torch does; 0 or below PrefetchFactorError (a ConfigError and torch's AssertionError). A
+    ``num_workers`` set since construction is checked as the constructor checks it.
     """
-    if not num_workers:
+    if not _worker_count(num_workers):
         return 0
     hint = f"prefetch_factor={prefetch_factor!r} cannot be used with num_workers={num_workers}"
     try:

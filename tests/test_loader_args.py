@@ -110,6 +110,15 @@ def test_a_fractional_prefetch_factor_set_after_construction_is_refused_by_name_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (1.5, TypeError)])
+def test_a_num_workers_set_after_construction_is_checked_at_iter(value, error):
+    """As the constructor checks it: a negative count used to start an iterator with no workers,
+    whose first next() waited forever."""
+    err = _raised_at_iter(shmloader.DataLoader, 0, "num_workers", value)
+    assert isinstance(err, error) and "num_workers" in str(err)
+
+
+@pytest.mark.timeout(60)
 def test_prefetch_factor_set_between_epochs_of_persistent_workers_is_checked():
     loader = shmloader.DataLoader(Squares(4), batch_size=2, num_workers=1, persistent_workers=True)
     try:
