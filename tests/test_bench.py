@@ -356,3 +356,18 @@ def test_epoch_bars_use_the_progress_observer_and_header_states_hook_cost():
 
 
 # --- ring copy limit -----------------------------------------------------------------------------
+
+
+def test_an_abbreviated_train_flag_is_refused_not_run_as_the_plain_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the exact --train hands over to the training benchmark: argparse's prefix matching
+    took --trai for --train and then ran the plain benchmark."""
+    assert bench.main(["--trai", "--workloads", "tiny", "--batches", "1"]) == 2
+    assert "--trai" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, value", [("--workers", "0,2,0"), ("--workloads", "tiny,tiny")])
+def test_a_value_given_twice_is_refused_by_name(option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A repeated case would be measured again and pooled with the first as if it were a round."""
+    assert bench.main([option, value, "--batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert option in err and "twice" in err

@@ -237,6 +237,15 @@ def test_doctor_says_which_part_of_the_ring_plan_is_guessed(workers, slot_bytes,
     assert plan.guessed == bool(hint)
 
 
+def test_doctor_with_slot_bytes_0_guesses_as_the_loader_sizes_from_the_first_batch() -> None:
+    """0 means "size the slots from the first batch" (docs/config.md): doctor cannot know that size,
+    so it guesses, as when the option is left out; it used to plan a ring of 0 bytes."""
+    from shmloader.config import Config
+
+    plan = doctor.plan_ring(Config(), 2, None, 0)
+    assert plan.slot_bytes == doctor.GUESS_SLOT_BYTES and "slot_bytes" in plan.guessed_parts
+
+
 @pytest.mark.timeout(60)
 def test_doctor_with_slot_bytes_given_does_not_call_it_a_guess(tmp_path) -> None:
     result = run_cli("doctor", "--slot-bytes", "4KiB", SHMLOADER_SHM_DIR=str(tmp_path))

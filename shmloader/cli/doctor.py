@@ -104,9 +104,9 @@ def plan_ring(config: Config, workers: int | None, prefetch: int | None, slot_by
         prefetch = config.prefetch_factor or 2
     if slot_bytes is None:
         slot_bytes = config.slot_bytes
-        if slot_bytes == 0:
-            slot_bytes = GUESS_SLOT_BYTES
-            guessed.append("slot_bytes")
+    if slot_bytes == 0:  # sized from the first batch, which doctor cannot see
+        slot_bytes = GUESS_SLOT_BYTES
+        guessed.append("slot_bytes")
     return RingPlan(workers, prefetch, slot_bytes, tuple(guessed))
 
 

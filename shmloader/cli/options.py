@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None) -> Options:
         parser.error("--no-torch and --no-shmloader together leave nothing to measure")
     if not _split(ns.workloads) or not _split(ns.workers):
         parser.error("--workloads and --workers each need at least one value")
+    for option, text in (("--workloads", ns.workloads), ("--workers", ns.workers)):
+        _refuse_repeats(parser, option, _split(text))
     return Options(
         workloads=tuple(_parse_workload(parser, name) for name in _split(ns.workloads)),
         workers=tuple(_parse_count(parser, "--workers", text) for text in _split(ns.workers)),
@@ -84,6 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
     defaults = ", ".join(f"{w.name} {w.default_batches}" for w in WORKLOADS.values())
     p = argparse.ArgumentParser(
         prog="python -m shmloader bench",
+        allow_abbrev=False,  # only the exact --train hands over to the training benchmark (bench.main)
         description="Time shmloader.DataLoader against torch.utils.data.DataLoader in one run, "
                     "in repeated rounds; report medians and spread.",
         epilog="python -m shmloader bench --train --help: the end-to-end training benchmark.",
@@ -140,6 +143,15 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 _positive_int = int_at_least(1)
+
+
+def _refuse_repeats(parser: argparse.ArgumentParser, option: str, values: list[str]) -> None:
+    """A case given twice would be measured twice and pooled as if the second were another round."""
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            parser.error(f"{option}: {value} is given twice")
+        seen.add(value)
 
 
 def _parse_workload(parser: argparse.ArgumentParser, name: str) -> Workload:
