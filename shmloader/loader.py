@@ -145,7 +145,7 @@ class DataLoader(Generic[T_co]):
         self.generator = generator
         self.collate_fn = collate_fn if collate_fn is not None else self._default_collate_fn()
         self.persistent_workers = persistent_workers
-        self._user_plugins = list(plugins or ())  # a pickled or copied loader carries these (loader_copy.py)
+        self._user_plugins = checks.plugin_list(plugins)  # a pickled or copied loader carries these (loader_copy.py)
         if self._explicit.get("plugins") is not None:
             self._explicit["plugins"] = self._user_plugins  # read back as given, even from a one-pass iterable
         self._start_machinery()

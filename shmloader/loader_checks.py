@@ -11,6 +11,7 @@ import multiprocessing
 import operator
 import os
 import warnings
+from collections.abc import Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -156,3 +157,12 @@ def warn_worker_number(num_workers: int) -> None:
                       "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
                       stacklevel=4)
 
+
+def plugin_list(plugins: Any) -> list[Any]:
+    """``plugins=`` as a list: None is none; one plugin object not in a list is refused by name."""
+    if plugins is None:
+        return []
+    if isinstance(plugins, (str, bytes)) or not isinstance(plugins, Iterable):
+        raise TypeError(f"plugins= takes a list of plugins, got {type(plugins).__name__} {plugins!r:.80}: "
+                        "for one plugin, pass plugins=[plugin]")
+    return list(plugins)

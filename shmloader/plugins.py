@@ -99,6 +99,9 @@ class Plugins:
                               hook=_hook_named_in(str(exc))) from exc
         except ValueError as exc:  # already registered, or its name is blocked
             raise PluginError(f"plugin {name!r} was not registered: {exc}", plugin=name, hook=None) from exc
+        except Exception as exc:  # reading one of its attributes raised (a property)
+            raise PluginError(f"plugin {name!r} was not registered: reading its hooks raised "
+                              f"{type(exc).__name__}: {exc}", plugin=name, hook=None) from exc
         self._check_known_hooks(plugin, name)
         self.generation += 1
         return name

@@ -220,6 +220,23 @@ def test_unknown_hook_name_is_refused():
     assert info.value.plugin == "Typo"
 
 
+def test_one_plugin_not_in_a_list_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"plugins= takes a list of plugins.*plugins=\[") :
+        shmloader.DataLoader(list(range(4)), plugins=fx.Recorder())
+
+
+class _HookAttributeRaises:
+    @property
+    def shmloader_batch_ready(self):  # noqa: ANN201 - reading it raises
+        raise RuntimeError("not ready to be read")
+
+
+def test_a_plugin_whose_hook_cannot_be_read_is_a_plugin_error():
+    with pytest.raises(PluginError, match="_HookAttributeRaises.*not ready to be read") as info:
+        shmloader.DataLoader(list(range(4)), plugins=[_HookAttributeRaises()])
+    assert info.value.plugin == "_HookAttributeRaises"
+
+
 def test_a_class_instead_of_an_instance_is_refused():
     with pytest.raises(PluginError, match="is a class: pass an instance"):
         build_plugin_manager([fx.Recorder], entry_points=False)
