@@ -129,7 +129,8 @@ class BaseIter:
             exc, self._observer_error = self._observer_error, None
             raise exc
         try:
-            self._forward()
+            if self._fast_forward:
+                self._forward()
             data = self._next_data()
         except StopIteration:
             self._record.finished = True

@@ -279,11 +279,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             exhausted, capacity = self._none_exhausted, self._full_capacity
         held = self._held()  # kept up to date below: built once per call, not once per task
         workers = self._pool.workers
-        skip, ring = self._skip, self._ring
         while in_pipeline < capacity:
             try:
-                if self._next_task in skip:  # first, so the worker is chosen for the task number it runs
-                    self._skip_delivered()
+                self._skip_delivered()  # first, so the worker is chosen for the task number it runs
                 w = self._dispatcher.pick(self._next_task, held, exhausted)
                 if w is None:
                     return
@@ -293,8 +291,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                 return
             rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_bytes)
             self._next_task += 1
-            if ring.retired_names:
-                self._flush_detach()
+            self._flush_detach()
             self._send(workers[w], rec)
             held[w] += 1
             in_pipeline += 1

@@ -77,12 +77,7 @@ class WaitAndRecover:
         if self._fault is not None:
             fault, self._fault = self._fault, None
             raise self._fail(fault)
-        poll_set = self._poll_set
-        if poll_set is None or poll_set[0] != self._pool.generation:  # _poller() inlined: once per wait
-            self._poller()
-            poll_set = self._poll_set
-            assert poll_set is not None
-        poller, by_fd = poll_set[1], poll_set[2]
+        poller, by_fd = self._poller()
         if self._pool.backlog or self._room_polled:
             self._flush_backlog(poller, by_fd)
         if self._deadlined:
@@ -221,13 +216,6 @@ class WaitAndRecover:
         return True
 
     def _process(self, w: WorkerHandle, msg: Any) -> None:
-        if type(msg) is Filled and msg.epoch == self._epoch:  # a batch of this epoch: most replies
-            rec = self._ledger.get((msg.epoch, msg.task))
-            if rec is not None:
-                w.pop(rec.key)
-                self._ledger.fill(rec, msg.slot_id)
-                self._reorder.put(rec.task, (rec, msg))
-                return
         if isinstance(msg, Ready):
             w.ready = True
             w.head_since = time.monotonic()  # the first task's deadline starts now, not at dispatch
