@@ -226,6 +226,9 @@ class _Epoch:
     Owns the copies read but not yet handed out (``pending``) and, until it is handed out, an
     error the loader raised while batch k+1 was read ahead: batch k (loaded fine) comes first, the
     error at the next ``next()``, and the epoch goes on after it, as it does on the loader itself.
+    A ``BaseException`` there (``KeyboardInterrupt``, ``SystemExit``) is raised at once, but batch k
+    stays pending: it is the next batch handed out, its source is let go only once its copy is done,
+    and ``state_dict()`` stands before it.
     When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
     let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
     """
@@ -269,11 +272,16 @@ class _Epoch:
             if not pending:
                 self._end()
                 raise StopIteration
-        current = pending.popleft()
+        current = pending[0]  # stays pending until k+1 is read: an interrupt there must not cost it
+        mark = pre._mark
         try:
             self._read()  # k+1 copies during k's work
         except Exception as exc:  # the loader's error for batch k+1: batch k first
             self.error, self.error_mark = exc, pre.failed_mark
+        except BaseException:  # Ctrl-C, SystemExit: batch k is still the next one, its copy is
+            pre._mark = mark  # still covered (pending is drained), and the caller has k-1 batches
+            raise
+        pending.popleft()
         moved = current.moved
         self.transfer.wait(moved, current.event, pre.device)
         current.moved = None
