@@ -33,9 +33,11 @@ uses (``map_batch``, ``iter_leaves``, ``as_tensor``, ``segment_address``).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections import UserDict, UserList
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -85,20 +87,23 @@ def segment_address(segment: Segment) -> int:
 
 
 _ROLES: dict[type, str] = {}  # a type's role in a nested batch, decided once per type
+# Containers whose copy.copy() owns its storage: copied and updated, they keep their type and state.
+_COPIED_MAPPINGS, _COPIED_SEQUENCES = (dict, UserDict), (list, UserList)
 
 
 def _role(kind: type) -> str:
-    """"atom" (str, bytes: kept whole), "mapping", "namedtuple", "sequence" or "leaf"."""
+    """"atom" (str, bytes: kept whole), "mapping", "copied mapping", "namedtuple", "sequence",
+    "copied sequence" or "leaf"."""
     role = _ROLES.get(kind)
     if role is None:
         if issubclass(kind, (str, bytes)):
             role = "atom"
         elif issubclass(kind, Mapping):
-            role = "mapping"
+            role = "copied mapping" if issubclass(kind, _COPIED_MAPPINGS) else "mapping"
         elif issubclass(kind, tuple) and hasattr(kind, "_fields"):
             role = "namedtuple"
-        elif issubclass(kind, (list, tuple)):
-            role = "sequence"
+        elif issubclass(kind, Sequence):
+            role = "copied sequence" if issubclass(kind, _COPIED_SEQUENCES) else "sequence"
         else:
             role = "leaf"
         _ROLES[kind] = role
@@ -108,10 +113,15 @@ def _role(kind: type) -> str:
 def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
     """Apply ``leaf`` to every non-container value of a nested batch, keeping its structure.
 
-    Dicts (and other mappings), lists, tuples and namedtuples are rebuilt with their own type
-    where it accepts it (torch's pin_memory does the same), else as dict / list; strings and bytes
-    are kept whole. Runs once per batch per device copy, so each type's role is looked up, not
-    re-derived (an ``isinstance`` against ``Mapping`` costs more than the whole lookup).
+    As torch's ``pin_memory`` rebuilds batches: every mapping and sequence is walked (a
+    ``UserList`` too); a dict or list subclass, ``defaultdict`` or ``UserDict`` is copied
+    (``copy.copy``) and its values replaced, so it keeps its type and its own state (a
+    ``default_factory``, a tokenizer batch's encodings); any other container is rebuilt with its
+    own type where it accepts that, else as a dict / list. Unlike torch, a mutable container of
+    another kind is rebuilt, not copied: its copy may share storage with the batch, which must
+    keep its slot views until the copy is done. Strings and bytes are kept whole. Runs once per
+    batch per device copy, so each type's role is looked up, not re-derived (an ``isinstance``
+    against ``Mapping`` costs more than the whole lookup).
     """
     kind = type(batch)
     if kind is tuple or kind is list:
@@ -125,17 +135,25 @@ def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
         return batch
     if role == "namedtuple":
         return kind(*(map_batch(v, leaf) for v in batch))
-    if role == "mapping":
-        items = {k: map_batch(v, leaf) for k, v in batch.items()}
-        try:
-            return kind(items)
-        except TypeError:
-            return items
-    items_list = [map_batch(v, leaf) for v in batch]
+    if role in ("mapping", "copied mapping"):
+        return _rebuild(batch, {k: map_batch(v, leaf) for k, v in batch.items()}, role == "copied mapping")
+    return _rebuild(batch, [map_batch(v, leaf) for v in batch], role == "copied sequence")
+
+
+def _rebuild(batch: Any, values: Any, copied: bool) -> Any:
+    """``batch``'s container holding ``values`` (a dict or list in ``batch``'s order)."""
     try:
-        return kind(items_list)
+        if copied:
+            clone = copy.copy(batch)
+            if isinstance(values, dict):
+                clone.update(values)
+            else:
+                for i, value in enumerate(values):  # as torch: a subclass may not take a slice
+                    clone[i] = value
+            return clone
+        return type(batch)(values)
     except TypeError:
-        return items_list
+        return values
 
 
 def iter_leaves(batch: Any) -> Iterator[Any]:
@@ -143,7 +161,7 @@ def iter_leaves(batch: Any) -> Iterator[Any]:
     role = _role(type(batch))
     if role == "leaf":
         yield batch
-    elif role == "mapping":
+    elif role in ("mapping", "copied mapping"):
         for value in batch.values():
             yield from iter_leaves(value)
     elif role != "atom":
