@@ -234,6 +234,28 @@ def test_the_torch_transfer_copies_on_the_side_stream_and_the_caller_waits(fake_
         loader.close()
 
 
+def test_a_copy_that_fails_midway_finishes_what_it_enqueued_before_raising(
+        fake_cuda: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller lets the batch (and its slot) go when copy() raises: the leaves already enqueued on
+    the side stream must have been read by then."""
+    torch = pytest.importorskip("torch")
+    backend = TorchCudaBackend()
+    backend._target = lambda device: (torch.device("cpu"), True, None)  # type: ignore[method-assign]
+    stream = backend.new_stream("cuda")
+    real_copy, copies = torch.Tensor.copy_, []
+
+    def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
+        copies.append(non_blocking)
+        if len(copies) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_copy(self, src, non_blocking=non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        backend.copy({"a": data(), "b": data()}, "cuda", stream, True)
+    assert len(copies) == 2 and kinds(fake_cuda.log, "stream_sync") == [("stream_sync", "side")]
+
+
 @pytest.mark.timeout(60)
 def test_numpy_batches_view_registered_memory(fake_cuda: FakeRuntime) -> None:
     loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)

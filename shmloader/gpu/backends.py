@@ -190,6 +190,16 @@ def cuda_index(device: str) -> int:
     return int(index) if head == "cuda" and index else 0
 
 
+def settle(stream: Any) -> None:
+    """Wait for what a copy that is raising has enqueued on ``stream``: its caller lets the batch
+    (and with it the slot those copies read) go at once. A wait that fails too is only logged: the
+    copy's own error is the one to raise."""
+    try:
+        stream.synchronize()
+    except Exception as exc:
+        logger.debug("could not wait for the copies of a failed transfer: %s", exc)
+
+
 class RegisteringBackend(Owned):
     """Book-keeping shared by the backends: what is registered, at which address. Every entry
     point that reaches the device is inert outside the creating process (``gpu.owned``)."""
@@ -367,8 +377,12 @@ class TorchCudaBackend(RegisteringBackend):
             stream.ready.record(torch.cuda.current_stream(target))
             side.wait_event(stream.ready)
         with torch.cuda.stream(side):
-            for out, leaf in pairs:
-                out.copy_(leaf, non_blocking=non_blocking)
+            try:
+                for out, leaf in pairs:
+                    out.copy_(leaf, non_blocking=non_blocking)
+            except BaseException:
+                settle(side)
+                raise
             event = torch.cuda.Event()
             event.record(side)
         return moved, _TorchEvent(event, self._owner)
