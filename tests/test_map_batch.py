@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader.gpu.backends import iter_leaves, map_batch
+from shmloader.gpu.batch_tree import iter_leaves, map_batch
 from shmloader.gpu.fake import FakeBackend
 
 

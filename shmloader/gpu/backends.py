@@ -28,20 +28,19 @@ closes); a failed registration warns once and leaves the batch correct but unpin
 transfer allocates each batch's device memory on the caller's stream and calls no
 ``record_stream``, so freeing a moved batch never needs the device (not even in a forked child).
 Importing this module imports neither torch nor cupy. Also here: the helpers every backend
-uses (``map_batch``, ``iter_leaves``, ``as_tensor``, ``segment_address``).
+uses (``as_tensor``, ``segment_address``; ``map_batch`` and ``iter_leaves`` come from
+``gpu.batch_tree`` and are importable from here too).
 """
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import warnings
-from collections import UserDict, UserList
-from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from shmloader.gpu.batch_tree import iter_leaves, map_batch  # noqa: F401  (iter_leaves: importable here, as before)
 from shmloader.gpu.cudart import clear_last_error
 from shmloader.gpu.owned import Owned, owner_only
 from shmloader.log import logger
@@ -84,89 +83,6 @@ def segment_address(segment: Segment) -> int:
         return ctypes.addressof(probe)
     finally:
         del probe
-
-
-_ROLES: dict[type, str] = {}  # a type's role in a nested batch, decided once per type
-# Containers whose copy.copy() owns its storage: copied and updated, they keep their type and state.
-_COPIED_MAPPINGS, _COPIED_SEQUENCES = (dict, UserDict), (list, UserList)
-
-
-def _role(kind: type) -> str:
-    """"atom" (str, bytes: kept whole), "mapping", "copied mapping", "namedtuple", "sequence",
-    "copied sequence" or "leaf"."""
-    role = _ROLES.get(kind)
-    if role is None:
-        if issubclass(kind, (str, bytes)):
-            role = "atom"
-        elif issubclass(kind, Mapping):
-            role = "copied mapping" if issubclass(kind, _COPIED_MAPPINGS) else "mapping"
-        elif issubclass(kind, tuple) and hasattr(kind, "_fields"):
-            role = "namedtuple"
-        elif issubclass(kind, Sequence):
-            role = "copied sequence" if issubclass(kind, _COPIED_SEQUENCES) else "sequence"
-        else:
-            role = "leaf"
-        _ROLES[kind] = role
-    return role
-
-
-def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
-    """Apply ``leaf`` to every non-container value of a nested batch, keeping its structure.
-
-    As torch's ``pin_memory`` rebuilds batches: every mapping and sequence is walked (a
-    ``UserList`` too); a dict or list subclass, ``defaultdict`` or ``UserDict`` is copied
-    (``copy.copy``) and its values replaced, so it keeps its type and its own state (a
-    ``default_factory``, a tokenizer batch's encodings); any other container is rebuilt with its
-    own type where it accepts that, else as a dict / list. Unlike torch, a mutable container of
-    another kind is rebuilt, not copied: its copy may share storage with the batch, which must
-    keep its slot views until the copy is done. Strings and bytes are kept whole. Runs once per
-    batch per device copy, so each type's role is looked up, not re-derived (an ``isinstance``
-    against ``Mapping`` costs more than the whole lookup).
-    """
-    kind = type(batch)
-    if kind is tuple or kind is list:
-        return kind([map_batch(v, leaf) for v in batch])
-    if kind is dict:
-        return {k: map_batch(v, leaf) for k, v in batch.items()}
-    role = _role(kind)
-    if role == "leaf":
-        return leaf(batch)
-    if role == "atom":
-        return batch
-    if role == "namedtuple":
-        return kind(*(map_batch(v, leaf) for v in batch))
-    if role in ("mapping", "copied mapping"):
-        return _rebuild(batch, {k: map_batch(v, leaf) for k, v in batch.items()}, role == "copied mapping")
-    return _rebuild(batch, [map_batch(v, leaf) for v in batch], role == "copied sequence")
-
-
-def _rebuild(batch: Any, values: Any, copied: bool) -> Any:
-    """``batch``'s container holding ``values`` (a dict or list in ``batch``'s order)."""
-    try:
-        if copied:
-            clone = copy.copy(batch)
-            if isinstance(values, dict):
-                clone.update(values)
-            else:
-                for i, value in enumerate(values):  # as torch: a subclass may not take a slice
-                    clone[i] = value
-            return clone
-        return type(batch)(values)
-    except TypeError:
-        return values
-
-
-def iter_leaves(batch: Any) -> Iterator[Any]:
-    """Every value ``map_batch`` would apply its ``leaf`` to, in its order; builds no container."""
-    role = _role(type(batch))
-    if role == "leaf":
-        yield batch
-    elif role in ("mapping", "copied mapping"):
-        for value in batch.values():
-            yield from iter_leaves(value)
-    elif role != "atom":
-        for value in batch:
-            yield from iter_leaves(value)
 
 
 def as_tensor(leaf: Any) -> Any:

@@ -19,9 +19,9 @@ from shmloader.gpu.backends import (
     Event,
     RegisteringBackend,
     cuda_index,
-    map_batch,
     settle,
 )
+from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
 from shmloader.owner import ProcessOwner
 

@@ -18,7 +18,7 @@ nothing, so no event is queried or synchronised there (``gpu.owned``). The strea
 :class:`~shmloader.gpu.backends.Transfer`: for a CUDA device, the loader's pin backend when it is
 one (torch, cupy) else torch's CUDA transfer; the fake backend (which drives all of this on a CPU
 in CI) for any device; else a plain synchronous ``.to(device)`` (e.g. "cpu", whatever the backend).
-Nested mappings and sequences are moved whole (``backends.map_batch``); numpy arrays become tensors
+Nested mappings and sequences are moved whole (``batch_tree.map_batch``); numpy arrays become tensors
 (``torch.from_numpy``, no copy) before moving. Importing this module imports neither torch nor cupy.
 
 Resuming: the prefetcher reads batch k+1 from the loader before it hands out batch k, so the
@@ -38,7 +38,8 @@ from dataclasses import replace
 from typing import Any
 
 from shmloader import state as _state
-from shmloader.gpu.backends import Event, Transfer, as_tensor, map_batch
+from shmloader.gpu.backends import Event, Transfer, as_tensor
+from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
 
 __all__ = ["DevicePrefetcher", "to_device"]
