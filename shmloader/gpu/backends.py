@@ -199,6 +199,22 @@ class _TorchEvent(Owned):
         self.raw.synchronize()
 
 
+class _TorchFence(Owned):
+    """A release fence over several devices: one ``torch.cuda.Event`` each, done when all are."""
+
+    def __init__(self, raws: list[Any], owner: ProcessOwner) -> None:
+        self._owner, self.raws = owner, raws
+
+    @owner_only(True)
+    def query(self) -> bool:
+        return all(raw.query() for raw in self.raws)
+
+    @owner_only()
+    def synchronize(self) -> None:
+        for raw in self.raws:
+            raw.synchronize()
+
+
 class TorchCudaBackend(RegisteringBackend):
     """``cudaHostRegister`` / ``cudaHostUnregister`` through ``torch.cuda.cudart()``."""
 
@@ -222,8 +238,9 @@ class TorchCudaBackend(RegisteringBackend):
         return None if int(status) == 0 else self._failed("cudaHostRegister", status)
 
     def _unpin(self, address: int, nbytes: int) -> str | None:
-        # A copy the caller enqueued may still read these pages: let the device finish first.
-        self._torch.cuda.synchronize()
+        # A copy the caller enqueued may still read these pages: let every device finish first.
+        for device in self._devices_in_use():
+            self._torch.cuda.synchronize(device)
         status = self._torch.cuda.cudart().cudaHostUnregister(address)
         return None if int(status) == 0 else self._failed("cudaHostUnregister", status)
 
@@ -237,12 +254,25 @@ class TorchCudaBackend(RegisteringBackend):
             text = "no description"
         return f"{call} returned cudaError {int(status)} ({text})"
 
+    def _devices_in_use(self) -> list[int]:
+        """The devices this process has a CUDA context on (a copy to any of them may read a slot);
+        the current device where torch cannot tell."""
+        torch = self._torch
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        devices = [] if has_context is None else [d for d in range(torch.cuda.device_count()) if has_context(d)]
+        return devices or [torch.cuda.current_device()]
+
     @owner_only()
     def fence(self) -> Event:
-        """An event on the current stream: it completes after every copy enqueued there so far."""
-        event = self._torch.cuda.Event()
-        event.record()
-        return _TorchEvent(event, self._owner)
+        """An event on the current stream of every device in use: it completes after every copy
+        enqueued there so far. Not only the current device's: ``x.to("cuda:1", non_blocking=True)``
+        runs on cuda:1's current stream whichever device is current."""
+        torch, raws = self._torch, []
+        for device in self._devices_in_use():
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            raws.append(event)
+        return _TorchEvent(raws[0], self._owner) if len(raws) == 1 else _TorchFence(raws, self._owner)
 
     def _device(self, device: str) -> Any:
         return self._target(device)[0]
