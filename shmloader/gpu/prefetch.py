@@ -124,6 +124,20 @@ class _Done:
 _DONE = _Done()
 
 
+def device_name(device: Any) -> str:
+    """``device`` as a string; an int read as torch reads it, as an index of the current
+    accelerator (``x.to(rank)``), which without one is torch's error."""
+    if not isinstance(device, int) or isinstance(device, bool):
+        return str(device)
+    import torch
+
+    current = getattr(torch, "accelerator", None)
+    accelerator = current.current_accelerator() if current is not None else torch.device("cuda")
+    if accelerator is None:
+        raise RuntimeError("Cannot access accelerator device when none is available.")
+    return f"{accelerator.type}:{device}"
+
+
 def _is_cuda(device: str) -> bool:
     return device.partition(":")[0] == "cuda"
 
@@ -155,7 +169,7 @@ class DevicePrefetcher(Owned):
             raise ValueError(f"max_held must be non-negative, got {max_held}")
         super().__init__()
         self.source = source
-        self.device = str(device)
+        self.device = device_name(device)
         self.non_blocking = non_blocking
         self.max_held = max_held
         self._transfer = transfer
