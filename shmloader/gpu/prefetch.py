@@ -289,6 +289,7 @@ class _Epoch:
                 raise StopIteration
         current = pending[0]  # stays pending until k+1 is read: an interrupt there must not cost it
         mark = pre._mark
+        pre._release_finished()  # before the read: the loader may need those slots for it
         try:
             self._read()  # k+1 copies during k's work
         except Exception as exc:  # the loader's error for batch k+1: batch k first
