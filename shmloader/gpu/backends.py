@@ -5,10 +5,10 @@ implementations:
 
 - :class:`PinBackend` — ``register_segment`` (pin a new segment, once), ``unregister_segment``
   (unpin it before it is unmapped), ``finish`` (the last step of each batch before the user) and
-  ``fence`` (an event recorded on the caller's current stream when a batch is dropped: the ring
-  hands that slot to a worker only once it has completed, so a ``.to(device, non_blocking=True)``
-  the caller enqueued never reads bytes a worker is rewriting; torch's own pinned buffers get the
-  same guarantee from its caching host allocator).
+  ``fence`` (an event recorded on the caller's current stream — torch: of every device in use —
+  when a batch is dropped: the ring hands that slot to a worker only once it has completed, so a
+  ``.to(device, non_blocking=True)`` the caller enqueued never reads bytes a worker is rewriting;
+  torch's own pinned buffers get the same guarantee from its caching host allocator).
 - :class:`Transfer` — what the device prefetcher (``shmloader.gpu.prefetch``) needs: a side stream,
   an asynchronous copy of a whole batch that returns an event, and "make the caller's stream
   wait on that event". Events answer ``query()`` and ``synchronize()``.
