@@ -273,14 +273,10 @@ def _from_torch_distributed(what: str) -> int | None:
 
 
 def _resolve(value: int | None, variable: str, what: str) -> int:
-    """``value`` if given; else an initialised process group's answer (torch's only source, so a
-    RANK/WORLD_SIZE left over from another launcher cannot give a shard other than torch's); else
-    torchrun's environment variable."""
-    if value is not None:
-        return value
-    found = _from_torch_distributed(what)
-    if found is None:
-        found = _from_env(variable)
+    """``value``, else an initialised process group's (torch's only source: a stale RANK/WORLD_SIZE
+    must not give another shard than torch's), else torchrun's environment variable."""
+    found = value if value is not None else _from_torch_distributed(what)
+    found = found if found is not None else _from_env(variable)
     if found is not None:
         return found
     raise RuntimeError(
