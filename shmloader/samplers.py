@@ -273,11 +273,12 @@ def _from_torch_distributed(what: str) -> int | None:
 
 
 def _resolve(value: int | None, variable: str, what: str) -> int:
-    if value is not None:
-        return value
-    for found in (_from_env(variable), _from_torch_distributed(what)):
-        if found is not None:
-            return found
+    """``value``, else an initialised process group's (torch's only source: a stale RANK/WORLD_SIZE
+    must not give another shard than torch's), else torchrun's environment variable."""
+    found = value if value is not None else _from_torch_distributed(what)
+    found = found if found is not None else _from_env(variable)
+    if found is not None:
+        return found
     raise RuntimeError(
         f"DistributedSampler could not find its {what}: pass num_replicas= and rank=, "
         "set the WORLD_SIZE and RANK environment variables (torchrun sets both), "
@@ -303,8 +304,8 @@ def _shuffled(n: int, seed: int) -> list[int]:
 class DistributedSampler(Sampler[int]):
     """This rank's share of the dataset: every ``num_replicas``-th index from ``rank``, as torch.
 
-    ``num_replicas`` and ``rank`` default to the WORLD_SIZE and RANK environment variables, then to
-    an initialised torch.distributed. Without ``drop_last`` the index list is padded by repeating
+    ``num_replicas`` and ``rank`` default to an initialised torch.distributed (as torch's), else to
+    the WORLD_SIZE and RANK environment variables (torchrun sets both). Without ``drop_last`` the index list is padded by repeating
     its head to a multiple of ``num_replicas``; with it the tail is dropped. Call
     :meth:`set_epoch` before each epoch: the shuffle is seeded with ``seed + epoch``.
     """

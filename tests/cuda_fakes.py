@@ -79,6 +79,9 @@ class FakeStream:
     def wait_event(self, event: FakeEvent) -> None:
         self.log.append(("wait", self.name, event.serial))
 
+    def synchronize(self) -> None:
+        self.log.append(("stream_sync", self.name))
+
     def __repr__(self) -> str:
         return self.name
 

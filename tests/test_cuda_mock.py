@@ -88,6 +88,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
                        ("current_device", lambda: 0), ("device_count", lambda: 1)):
         monkeypatch.setattr(cuda, name, stub)  # nothing reaches a real device, if there is one
     monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda device: device == 0, raising=False)
     monkeypatch.setattr(cuda, "cudart", lambda: runtime)
     monkeypatch.setattr(cuda, "synchronize", lambda device=None: log.append(("synchronize",)))
     monkeypatch.setattr(cuda, "Event", lambda **kw: FakeEvent(log, lambda: streams["current"]))
@@ -204,6 +205,36 @@ def test_a_dropped_batch_records_a_fence_on_the_current_stream(fake_cuda: FakeRu
         loader.close()
 
 
+def test_a_fence_and_an_unpin_cover_every_device_this_process_uses(
+        fake_cuda: FakeRuntime, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """``x.to("cuda:1", non_blocking=True)`` with cuda:0 current (no ``set_device``, as in torch's
+    DDP tutorial) runs on cuda:1's current stream: an event on cuda:0 alone would free the slot
+    under that copy, and synchronising cuda:0 alone would unpin pages it still reads."""
+    torch = pytest.importorskip("torch")
+    log = fake_cuda.log
+    streams = {d: FakeStream(f"default:{d}", log) for d in range(3)}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda d: d in (0, 2), raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams[device or 0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", device)))
+    backend = TorchCudaBackend()
+    fence = backend.fence()
+    assert [repr(r[2]) for r in kinds(log, "record")] == ["default:0", "default:2"]
+    assert not fence.query()
+    fence.synchronize()
+    assert fence.query() and len(kinds(log, "event_sync")) == 2
+    segment = Segment.create(str(tmp_path), PAGE_BYTES)
+    address = segment_address(segment)
+    try:
+        backend.register_segment(segment)
+        backend.unregister_segment(segment)
+    finally:
+        segment.unlink()
+        segment.close()
+    assert kinds(log, "synchronize", "unregister")[-3:] == [
+        ("synchronize", 0), ("synchronize", 2), ("unregister", address)]
+
+
 @pytest.mark.timeout(60)
 def test_the_torch_transfer_copies_on_the_side_stream_and_the_caller_waits(fake_cuda: FakeRuntime) -> None:
     torch = pytest.importorskip("torch")
@@ -232,6 +263,28 @@ def test_the_torch_transfer_copies_on_the_side_stream_and_the_caller_waits(fake_
         assert kinds(log, "record_stream") == []
     finally:
         loader.close()
+
+
+def test_a_copy_that_fails_midway_finishes_what_it_enqueued_before_raising(
+        fake_cuda: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller lets the batch (and its slot) go when copy() raises: the leaves already enqueued on
+    the side stream must have been read by then."""
+    torch = pytest.importorskip("torch")
+    backend = TorchCudaBackend()
+    backend._target = lambda device: (torch.device("cpu"), True, None)  # type: ignore[method-assign]
+    stream = backend.new_stream("cuda")
+    real_copy, copies = torch.Tensor.copy_, []
+
+    def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
+        copies.append(non_blocking)
+        if len(copies) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_copy(self, src, non_blocking=non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        backend.copy({"a": data(), "b": data()}, "cuda", stream, True)
+    assert len(copies) == 2 and kinds(fake_cuda.log, "stream_sync") == [("stream_sync", "side")]
 
 
 @pytest.mark.timeout(60)

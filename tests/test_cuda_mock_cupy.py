@@ -43,6 +43,9 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
         def wait_event(self, event: Event) -> None:
             log.append(("wait", self.name, event.stream.name))
 
+        def synchronize(self) -> None:
+            log.append(("stream_sync", self.name))
+
         def __enter__(self) -> Stream:
             return self
 
@@ -101,3 +104,25 @@ def test_cupy_registers_each_segment_once_and_moves_batches(fake_cupy: FakeRunti
     assert sorted(u[1] for u in kinds(fake_cupy.log, "unregister")) == sorted(r[1] for r in registered)
     assert {s[1] for s in kinds(fake_cupy.log, "set")} == {"side"}  # non_blocking: on the side stream
     assert ("wait", "default", "side") in fake_cupy.log  # the caller's stream waits on the copy
+
+
+def test_a_cupy_copy_that_fails_midway_finishes_what_it_enqueued_before_raising(fake_cupy: FakeRuntime) -> None:
+    """As the torch backend (test_cuda_mock.py): the caller lets the batch go when copy() raises."""
+    cupy = sys.modules["cupy"]
+    made: list[Any] = []
+
+    class Failing:
+        def __init__(self, shape: Any, dtype: Any) -> None:
+            made.append(self)
+
+        def set(self, array: np.ndarray, stream: Any = None) -> None:
+            if len(made) == 2:
+                raise MemoryError("out of memory allocating 4 bytes")
+            fake_cupy.log.append(("set", getattr(stream, "name", None)))
+
+    cupy.empty = Failing  # type: ignore[attr-defined]
+    backend = CupyBackend()
+    stream = backend.new_stream("cuda:0")
+    with pytest.raises(MemoryError):
+        backend.copy([data(), data()], "cuda:0", stream, True)
+    assert kinds(fake_cupy.log, "set", "stream_sync") == [("set", "side"), ("stream_sync", "side")]

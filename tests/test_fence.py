@@ -32,7 +32,7 @@ import pytest
 from ring_helpers import OWNER, leased
 
 import shmloader
-from shmloader.gpu.backends import TorchCudaBackend, _TorchEvent
+from shmloader.gpu.backends import TorchCudaBackend, _TorchEvent, _TorchFence
 from shmloader.gpu.cupy_backend import CupyBackend, _CupyEvent
 from shmloader.gpu.fake import FakeBackend, FakeEvent, read_journal
 from shmloader.gpu.mlock import MlockBackend
@@ -277,7 +277,7 @@ def test_every_backend_entry_point_is_inert_in_a_forked_child(tmp_path: Any, mon
     mlock_backend = MlockBackend(libc=libc)
     owner = ProcessOwner()
     events = [FakeEvent(1), _TorchEvent(Recorder(torch_runtime._log), owner),
-              _CupyEvent(Recorder(cupy_runtime._log), owner)]
+              _CupyEvent(Recorder(cupy_runtime._log), owner), _TorchFence([Recorder(torch_runtime._log)] * 2, owner)]
     torch_runtime._log.clear()
     cupy_runtime._log.clear()
 
@@ -306,7 +306,7 @@ def test_every_backend_entry_point_is_inert_in_a_forked_child(tmp_path: Any, mon
         segment.unlink()
         segment.close()
     assert found.pop("runtime calls") == []  # not one accelerator (or libc) call in the child
-    assert found.pop("queries") == [True, True, True]
+    assert found.pop("queries") == [True, True, True, True]
     assert found.pop("fake state") == (True, [], False)
     refused = {k: v for k, v in found.items() if k.endswith("refused")}
     assert refused and all(refused.values())

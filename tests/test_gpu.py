@@ -136,6 +136,27 @@ def test_no_slot_is_rewritten_while_the_gpu_reads_it(how: str) -> None:
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_no_slot_is_rewritten_while_another_device_reads_it() -> None:
+    # The copies go to cuda:1 while cuda:0 stays current (no set_device, as torch's DDP tutorial):
+    # the release fence must wait on cuda:1's stream, where the copies queue behind slow work.
+    assert torch.cuda.current_device() == 0
+    loader = shmloader.torch.DataLoader(dataset(), batch_size=8, num_workers=2, prefetch_factor=1,
+                                        pin_memory=True, persistent_workers=True)
+    ballast = torch.randn(2048, 2048, device="cuda:1")
+    sums = []
+    try:
+        for _epoch in range(3):
+            for x, _y in _Slow(loader, ballast):
+                sums.append(x.to("cuda:1", non_blocking=True).sum(dtype=torch.float64))
+    finally:
+        loader.close()
+    got = torch.stack(sums).cpu().numpy()
+    want = np.array([expected(k, 8).sum(dtype=np.float64) for k in range(ROWS // 8)] * 3)
+    np.testing.assert_array_equal(got, want)
+
+
 class _Slow:
     """The loader, with slow work queued on the current stream before each batch is handed on."""
 

@@ -227,6 +227,23 @@ def test_distributed_sampler_reads_initialised_process_group(tmp_path, monkeypat
         dist.destroy_process_group()
 
 
+def test_an_initialised_process_group_beats_stale_environment_variables(tmp_path, monkeypatch):
+    """torch asks the process group only; a RANK/WORLD_SIZE left over from another launcher must not
+    give this rank a shard other than torch's."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mine, theirs = ours.DistributedSampler(range(10), seed=1), tud.DistributedSampler(range(10), seed=1)
+        assert (mine.num_replicas, mine.rank) == (theirs.num_replicas, theirs.rank) == (1, 0)
+        assert list(mine) == list(theirs)
+    finally:
+        dist.destroy_process_group()
+
+
 _TORCHRUN_RANK = """
 import json, os, sys
 import torch.distributed as dist

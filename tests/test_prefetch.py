@@ -122,6 +122,23 @@ def test_past_max_held_the_host_waits_for_the_oldest_copy(fake: FakeBackend) -> 
 
 
 @pytest.mark.timeout(60)
+def test_finished_copies_give_their_slots_back_before_the_next_read(fake: FakeBackend) -> None:
+    """At the fewest slots a loader accepts (workers x prefetch_factor + 1), ``to_device`` runs to
+    the end when the device keeps up: a slot whose copy has finished goes back before the loader is
+    asked for the next batch, which may need that slot (it raised RingExhausted)."""
+    loader = pinned_loader(prefetch_factor=2, max_slots=3)
+    moved = []
+    for (x,) in shmloader.to_device(loader, "cpu", max_held=2):
+        moved.append(x)
+        for event in fake.events:  # the device finished every copy while the model worked
+            event.complete()
+    assert len(moved) == ROWS // 8
+    for k, x in enumerate(moved):
+        np.testing.assert_array_equal(np.asarray(x), expected(k))
+    loader.close()
+
+
+@pytest.mark.timeout(60)
 def test_stopping_early_waits_for_every_copy_then_lets_go(fake: FakeBackend) -> None:
     loader = pinned_loader()
     prefetcher = shmloader.to_device(loader, "cpu", max_held=8)

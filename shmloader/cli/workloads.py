@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.cli.records import Bandwidth
-from shmloader.gpu.backends import iter_leaves
+from shmloader.gpu.batch_tree import iter_leaves
 
 __all__ = [
     "Field",

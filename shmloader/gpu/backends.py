@@ -5,10 +5,10 @@ implementations:
 
 - :class:`PinBackend` — ``register_segment`` (pin a new segment, once), ``unregister_segment``
   (unpin it before it is unmapped), ``finish`` (the last step of each batch before the user) and
-  ``fence`` (an event recorded on the caller's current stream when a batch is dropped: the ring
-  hands that slot to a worker only once it has completed, so a ``.to(device, non_blocking=True)``
-  the caller enqueued never reads bytes a worker is rewriting; torch's own pinned buffers get the
-  same guarantee from its caching host allocator).
+  ``fence`` (an event recorded on the caller's current stream — torch: of every device in use —
+  when a batch is dropped: the ring hands that slot to a worker only once it has completed, so a
+  ``.to(device, non_blocking=True)`` the caller enqueued never reads bytes a worker is rewriting;
+  torch's own pinned buffers get the same guarantee from its caching host allocator).
 - :class:`Transfer` — what the device prefetcher (``shmloader.gpu.prefetch``) needs: a side stream,
   an asynchronous copy of a whole batch that returns an event, and "make the caller's stream
   wait on that event". Events answer ``query()`` and ``synchronize()``.
@@ -28,18 +28,19 @@ closes); a failed registration warns once and leaves the batch correct but unpin
 transfer allocates each batch's device memory on the caller's stream and calls no
 ``record_stream``, so freeing a moved batch never needs the device (not even in a forked child).
 Importing this module imports neither torch nor cupy. Also here: the helpers every backend
-uses (``map_batch``, ``iter_leaves``, ``as_tensor``, ``segment_address``).
+uses (``as_tensor``, ``segment_address``; ``map_batch`` and ``iter_leaves`` come from
+``gpu.batch_tree`` and are importable from here too).
 """
 
 from __future__ import annotations
 
 import ctypes
 import warnings
-from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
+from shmloader.gpu.batch_tree import iter_leaves, map_batch  # noqa: F401  (iter_leaves: importable here, as before)
 from shmloader.gpu.cudart import clear_last_error
 from shmloader.gpu.owned import Owned, owner_only
 from shmloader.log import logger
@@ -84,73 +85,6 @@ def segment_address(segment: Segment) -> int:
         del probe
 
 
-_ROLES: dict[type, str] = {}  # a type's role in a nested batch, decided once per type
-
-
-def _role(kind: type) -> str:
-    """"atom" (str, bytes: kept whole), "mapping", "namedtuple", "sequence" or "leaf"."""
-    role = _ROLES.get(kind)
-    if role is None:
-        if issubclass(kind, (str, bytes)):
-            role = "atom"
-        elif issubclass(kind, Mapping):
-            role = "mapping"
-        elif issubclass(kind, tuple) and hasattr(kind, "_fields"):
-            role = "namedtuple"
-        elif issubclass(kind, (list, tuple)):
-            role = "sequence"
-        else:
-            role = "leaf"
-        _ROLES[kind] = role
-    return role
-
-
-def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
-    """Apply ``leaf`` to every non-container value of a nested batch, keeping its structure.
-
-    Dicts (and other mappings), lists, tuples and namedtuples are rebuilt with their own type
-    where it accepts it (torch's pin_memory does the same), else as dict / list; strings and bytes
-    are kept whole. Runs once per batch per device copy, so each type's role is looked up, not
-    re-derived (an ``isinstance`` against ``Mapping`` costs more than the whole lookup).
-    """
-    kind = type(batch)
-    if kind is tuple or kind is list:
-        return kind([map_batch(v, leaf) for v in batch])
-    if kind is dict:
-        return {k: map_batch(v, leaf) for k, v in batch.items()}
-    role = _role(kind)
-    if role == "leaf":
-        return leaf(batch)
-    if role == "atom":
-        return batch
-    if role == "namedtuple":
-        return kind(*(map_batch(v, leaf) for v in batch))
-    if role == "mapping":
-        items = {k: map_batch(v, leaf) for k, v in batch.items()}
-        try:
-            return kind(items)
-        except TypeError:
-            return items
-    items_list = [map_batch(v, leaf) for v in batch]
-    try:
-        return kind(items_list)
-    except TypeError:
-        return items_list
-
-
-def iter_leaves(batch: Any) -> Iterator[Any]:
-    """Every value ``map_batch`` would apply its ``leaf`` to, in its order; builds no container."""
-    role = _role(type(batch))
-    if role == "leaf":
-        yield batch
-    elif role == "mapping":
-        for value in batch.values():
-            yield from iter_leaves(value)
-    elif role != "atom":
-        for value in batch:
-            yield from iter_leaves(value)
-
-
 def as_tensor(leaf: Any) -> Any:
     """A numpy array as a tensor sharing its memory (``torch.from_numpy``), copied first only when
     its strides are negative (``img[:, ::-1]``), which torch cannot view; anything else as is."""
@@ -170,6 +104,16 @@ def cuda_index(device: str) -> int:
     """The index of "cuda:N"; 0 for "cuda" (or any other device)."""
     head, _, index = device.partition(":")
     return int(index) if head == "cuda" and index else 0
+
+
+def settle(stream: Any) -> None:
+    """Wait for what a copy that is raising has enqueued on ``stream``: its caller lets the batch
+    (and with it the slot those copies read) go at once. A wait that fails too is only logged: the
+    copy's own error is the one to raise."""
+    try:
+        stream.synchronize()
+    except Exception as exc:
+        logger.debug("could not wait for the copies of a failed transfer: %s", exc)
 
 
 class RegisteringBackend(Owned):
@@ -255,6 +199,22 @@ class _TorchEvent(Owned):
         self.raw.synchronize()
 
 
+class _TorchFence(Owned):
+    """A release fence over several devices: one ``torch.cuda.Event`` each, done when all are."""
+
+    def __init__(self, raws: list[Any], owner: ProcessOwner) -> None:
+        self._owner, self.raws = owner, raws
+
+    @owner_only(True)
+    def query(self) -> bool:
+        return all(raw.query() for raw in self.raws)
+
+    @owner_only()
+    def synchronize(self) -> None:
+        for raw in self.raws:
+            raw.synchronize()
+
+
 class TorchCudaBackend(RegisteringBackend):
     """``cudaHostRegister`` / ``cudaHostUnregister`` through ``torch.cuda.cudart()``."""
 
@@ -278,8 +238,9 @@ class TorchCudaBackend(RegisteringBackend):
         return None if int(status) == 0 else self._failed("cudaHostRegister", status)
 
     def _unpin(self, address: int, nbytes: int) -> str | None:
-        # A copy the caller enqueued may still read these pages: let the device finish first.
-        self._torch.cuda.synchronize()
+        # A copy the caller enqueued may still read these pages: let every device finish first.
+        for device in self._devices_in_use():
+            self._torch.cuda.synchronize(device)
         status = self._torch.cuda.cudart().cudaHostUnregister(address)
         return None if int(status) == 0 else self._failed("cudaHostUnregister", status)
 
@@ -293,12 +254,25 @@ class TorchCudaBackend(RegisteringBackend):
             text = "no description"
         return f"{call} returned cudaError {int(status)} ({text})"
 
+    def _devices_in_use(self) -> list[int]:
+        """The devices this process has a CUDA context on (a copy to any of them may read a slot);
+        the current device where torch cannot tell."""
+        torch = self._torch
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        devices = [] if has_context is None else [d for d in range(torch.cuda.device_count()) if has_context(d)]
+        return devices or [torch.cuda.current_device()]
+
     @owner_only()
     def fence(self) -> Event:
-        """An event on the current stream: it completes after every copy enqueued there so far."""
-        event = self._torch.cuda.Event()
-        event.record()
-        return _TorchEvent(event, self._owner)
+        """An event on the current stream of every device in use: it completes after every copy
+        enqueued there so far. Not only the current device's: ``x.to("cuda:1", non_blocking=True)``
+        runs on cuda:1's current stream whichever device is current."""
+        torch, raws = self._torch, []
+        for device in self._devices_in_use():
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            raws.append(event)
+        return _TorchEvent(raws[0], self._owner) if len(raws) == 1 else _TorchFence(raws, self._owner)
 
     def _device(self, device: str) -> Any:
         return self._target(device)[0]
@@ -349,8 +323,12 @@ class TorchCudaBackend(RegisteringBackend):
             stream.ready.record(torch.cuda.current_stream(target))
             side.wait_event(stream.ready)
         with torch.cuda.stream(side):
-            for out, leaf in pairs:
-                out.copy_(leaf, non_blocking=non_blocking)
+            try:
+                for out, leaf in pairs:
+                    out.copy_(leaf, non_blocking=non_blocking)
+            except BaseException:
+                settle(side)
+                raise
             event = torch.cuda.Event()
             event.record(side)
         return moved, _TorchEvent(event, self._owner)

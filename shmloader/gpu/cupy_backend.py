@@ -19,8 +19,9 @@ from shmloader.gpu.backends import (
     Event,
     RegisteringBackend,
     cuda_index,
-    map_batch,
+    settle,
 )
+from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
 from shmloader.owner import ProcessOwner
 
@@ -82,7 +83,11 @@ class CupyBackend(RegisteringBackend):
             # far, so memory freed by an earlier batch is not overwritten while still in use.
             stream.wait_event(cupy.cuda.get_current_stream().record())
             with stream:
-                moved = map_batch(batch, lambda x: self._leaf(x, stream if non_blocking else None))
+                try:
+                    moved = map_batch(batch, lambda x: self._leaf(x, stream if non_blocking else None))
+                except BaseException:
+                    settle(stream)
+                    raise
             event = stream.record()
         return moved, _CupyEvent(event, self._owner)
 

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.gpu.backends import iter_leaves, map_batch, segment_address
+from shmloader.gpu.backends import segment_address
+from shmloader.gpu.batch_tree import iter_leaves, map_batch
 from shmloader.gpu.owned import Owned, owner_only
 from shmloader.owner import ProcessOwner
 from shmloader.transport.segment import PAGE_BYTES, Segment

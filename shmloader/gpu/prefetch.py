@@ -18,7 +18,7 @@ nothing, so no event is queried or synchronised there (``gpu.owned``). The strea
 :class:`~shmloader.gpu.backends.Transfer`: for a CUDA device, the loader's pin backend when it is
 one (torch, cupy) else torch's CUDA transfer; the fake backend (which drives all of this on a CPU
 in CI) for any device; else a plain synchronous ``.to(device)`` (e.g. "cpu", whatever the backend).
-Nested dicts, lists, tuples and namedtuples are moved whole; numpy arrays become tensors
+Nested mappings and sequences are moved whole (``batch_tree.map_batch``); numpy arrays become tensors
 (``torch.from_numpy``, no copy) before moving. Importing this module imports neither torch nor cupy.
 
 Resuming: the prefetcher reads batch k+1 from the loader before it hands out batch k, so the
@@ -38,7 +38,8 @@ from dataclasses import replace
 from typing import Any
 
 from shmloader import state as _state
-from shmloader.gpu.backends import Event, Transfer, as_tensor, map_batch
+from shmloader.gpu.backends import Event, Transfer, as_tensor
+from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
 
 __all__ = ["DevicePrefetcher", "to_device"]
@@ -123,6 +124,20 @@ class _Done:
 _DONE = _Done()
 
 
+def device_name(device: Any) -> str:
+    """``device`` as a string; an int read as torch reads it, as an index of the current
+    accelerator (``x.to(rank)``), which without one is torch's error."""
+    if not isinstance(device, int) or isinstance(device, bool):
+        return str(device)
+    import torch
+
+    current = getattr(torch, "accelerator", None)
+    accelerator = current.current_accelerator() if current is not None else torch.device("cuda")
+    if accelerator is None:
+        raise RuntimeError("Cannot access accelerator device when none is available.")
+    return f"{accelerator.type}:{device}"
+
+
 def _is_cuda(device: str) -> bool:
     return device.partition(":")[0] == "cuda"
 
@@ -154,7 +169,7 @@ class DevicePrefetcher(Owned):
             raise ValueError(f"max_held must be non-negative, got {max_held}")
         super().__init__()
         self.source = source
-        self.device = str(device)
+        self.device = device_name(device)
         self.non_blocking = non_blocking
         self.max_held = max_held
         self._transfer = transfer
@@ -226,6 +241,9 @@ class _Epoch:
     Owns the copies read but not yet handed out (``pending``) and, until it is handed out, an
     error the loader raised while batch k+1 was read ahead: batch k (loaded fine) comes first, the
     error at the next ``next()``, and the epoch goes on after it, as it does on the loader itself.
+    A ``BaseException`` there (``KeyboardInterrupt``, ``SystemExit``) is raised at once, but batch k
+    stays pending: it is the next batch handed out, its source is let go only once its copy is done,
+    and ``state_dict()`` stands before it.
     When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
     let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
     """
@@ -269,11 +287,17 @@ class _Epoch:
             if not pending:
                 self._end()
                 raise StopIteration
-        current = pending.popleft()
+        current = pending[0]  # stays pending until k+1 is read: an interrupt there must not cost it
+        mark = pre._mark
+        pre._release_finished()  # before the read: the loader may need those slots for it
         try:
             self._read()  # k+1 copies during k's work
         except Exception as exc:  # the loader's error for batch k+1: batch k first
             self.error, self.error_mark = exc, pre.failed_mark
+        except BaseException:  # Ctrl-C, SystemExit: batch k is still the next one, its copy is
+            pre._mark = mark  # still covered (pending is drained), and the caller has k-1 batches
+            raise
+        pending.popleft()
         moved = current.moved
         self.transfer.wait(moved, current.event, pre.device)
         current.moved = None

@@ -143,6 +143,7 @@ class Ring:
         """Add a new slot, assigned to ``owner`` at once. Past ``max_slots`` wait for the oldest
         cooling slot's fence; with none cooling, raise RingExhausted."""
         if self.max_slots and len(self.slots) >= self.max_slots:
+            self.collect_released()  # a batch dropped since take() looked (a thread, a GC pass) cools too
             while self._cooling and not self._free:
                 self._cool_oldest()
             slot = self.take(min_bytes, owner)
