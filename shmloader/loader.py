@@ -38,7 +38,7 @@ from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
 from shmloader.gpu import pinning
 from shmloader.loader_call import records_explicit
-from shmloader.log import apply_log_level
+from shmloader.log import apply_log_level, worker_log_setup
 from shmloader.owner import ProcessOwner
 from shmloader.plugins import build_plugin_manager
 from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -337,6 +337,7 @@ class DataLoader(Generic[T_co]):
             batch_size=self.batch_size, drop_last=self.drop_last, collate_kind=kind,
             collate_fn=self.collate_fn if kind == "user" else None, to_torch=to_torch,
             worker_init_fn=self.worker_init_fn, collate_rules=self._plugins.collate_rules(),
+            log_setup=worker_log_setup(),
         )
 
     @property
