@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from shmloader import state as _state
@@ -187,6 +188,16 @@ class SingleProcessIter(BaseIter):
         self._fetcher = make_fetcher(self._spec)
         # Large numpy stacks split over a few threads, as torch.stack does here (issue 16); workers don't.
         self._stack = stack_for(plan.config.collate_threads)
+        self._pending: _Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
+
+    def _take_task(self) -> _Pending:
+        """The next task not delivered before a save, and its sampler item (StopIteration ends the epoch)."""
+        while self._next_task in self._skip:  # resume: delivered before the save
+            next(self._sampler_iter)
+            self._next_task += 1
+        index = next(self._sampler_iter)
+        self._next_task += 1
+        return _Pending(self._next_task - 1, index)
 
     def _next_data(self) -> Any:
         try:
@@ -202,30 +213,49 @@ class SingleProcessIter(BaseIter):
             raise self._closed_error()
         if self._state is not IterState.RUNNING:
             raise StopIteration
-        while self._next_task in self._skip:  # resume: delivered before the save
-            next(self._sampler_iter)
-            self._next_task += 1
-        index = next(self._sampler_iter)  # StopIteration ends the epoch
-        task, spec = self._next_task, self._spec
-        self._next_task += 1
+        pending = self._pending or self._take_task()
+        # Until its batch (or its error) is handed out, the task stays pending: a Ctrl-C or
+        # SystemExit in the fetch or collate leaves it for the next next(), as a worker's batch is.
+        self._pending = pending
+        task, spec = pending.task, self._spec
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
         with _seeded(seed):
             try:
-                data = self._fetcher.fetch(index)  # an iterable dataset may end here too
+                if pending.data is _UNFETCHED:
+                    pending.data = self._fetcher.fetch(pending.index)  # an iterable dataset may end here too
                 t1 = time.perf_counter()
-                batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data,
-                                    _heap_alloc, self._stack)
+                batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules,
+                                    pending.data, _heap_alloc, self._stack)
             except StopIteration:
+                self._pending = None
                 raise
             except Exception as exc:
+                self._pending = None
                 self._batch_failed(task, exc)
                 raise
         t2 = time.perf_counter()
+        self._pending = None
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
         return self._plan.finish(batch)
+
+
+_UNFETCHED: Any = object()
+
+
+@dataclass
+class _Pending:
+    """A ``num_workers=0`` task between its sampler item and its batch's hand-out. A
+    ``KeyboardInterrupt`` or ``SystemExit`` there is not the batch's error: the batch was never
+    handed out, so the next ``next()`` makes it (from ``data`` once fetched: an iterable dataset's
+    samples cannot be fetched twice) and the epoch stays the uninterrupted one, no task left out of
+    the delivered set for a later state to fetch again (docs/resume.md, "An interrupted batch")."""
+
+    task: int
+    index: Any
+    data: Any = _UNFETCHED
 
 
 @contextlib.contextmanager

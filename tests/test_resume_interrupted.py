@@ -1,0 +1,145 @@
+"""A Ctrl-C (``KeyboardInterrupt``) or ``SystemExit`` raised while ``num_workers=0`` fetches or
+collates a batch is not that batch's error: the batch was never handed out, so a state saved then
+has it undelivered, and a resume fetches it. A caller that catches the interrupt and goes on
+iterating gets that batch from the next ``next()``, as torch's multi-process iterator hands it
+over once its worker is done: every batch is delivered exactly once, the epoch is the
+uninterrupted one, and a state saved later has no gap where the interrupted batch was
+(shmloader/engine/iterator.py, docs/resume.md "An interrupted batch").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader.collate import default_collate
+
+N, BATCH = 14, 2  # 7 tasks per epoch
+TRIP = 7  # the sample that is interrupted once: the second of its batch (a stream has taken the first)
+INTERRUPTS = [KeyboardInterrupt, SystemExit]
+
+
+class Tripwire:
+    """Raises ``kind`` the first time it is stepped on at ``TRIP``, never again."""
+
+    def __init__(self, kind: type[BaseException] | None) -> None:
+        self.kind = kind
+
+    def step(self, at: int) -> None:
+        if self.kind is not None and at == TRIP:
+            kind, self.kind = self.kind, None
+            raise kind()
+
+
+class Samples(shmloader.Dataset):
+    """Sample i is i; fetching sample ``TRIP`` is interrupted once."""
+
+    def __init__(self, trip: Tripwire) -> None:
+        self.trip = trip
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> int:
+        self.trip.step(i)
+        return i
+
+
+class Stream(shmloader.IterableDataset):
+    """Items 0..N-1 from an iterator (not a generator: an interrupt does not end it) that is
+    interrupted once, before it yields item ``TRIP``: mid-batch, after item ``TRIP - 1``."""
+
+    def __init__(self, trip: Tripwire) -> None:
+        self.trip = trip
+
+    def __iter__(self) -> Iterator[int]:
+        return _Items(self.trip)
+
+
+class _Items:
+    def __init__(self, trip: Tripwire) -> None:
+        self.trip, self.next_item = trip, 0
+
+    def __iter__(self) -> _Items:
+        return self
+
+    def __next__(self) -> int:
+        if self.next_item == N:
+            raise StopIteration
+        self.trip.step(self.next_item)
+        self.next_item += 1
+        return self.next_item - 1
+
+
+class TrippingCollate:
+    """default_collate, interrupted once, collating the batch that holds sample ``TRIP``."""
+
+    def __init__(self, trip: Tripwire) -> None:
+        self.trip = trip
+
+    def __call__(self, samples: list[Any]) -> Any:
+        for sample in samples:
+            self.trip.step(sample)
+        return default_collate(samples)
+
+
+def _loader(where: str, kind: type[BaseException] | None) -> shmloader.DataLoader:
+    trip = Tripwire(kind)
+    quiet = Tripwire(None)
+    if where == "collate":
+        return shmloader.DataLoader(Samples(quiet), batch_size=BATCH, collate_fn=TrippingCollate(trip))
+    if where == "stream":
+        return shmloader.DataLoader(Stream(trip), batch_size=BATCH)
+    if where == "stream_collate":
+        return shmloader.DataLoader(Stream(quiet), batch_size=BATCH, collate_fn=TrippingCollate(trip))
+    return shmloader.DataLoader(Samples(trip), batch_size=BATCH, shuffle=where == "shuffled", generator=7)
+
+
+def _run(loader: shmloader.DataLoader, kind: type[BaseException], save_at: int) -> tuple[list[Any], list[dict]]:
+    """Iterate ``loader``, catching ``kind`` and going on; returns the batches and the states saved
+    right after the interrupt and after ``save_at`` batches."""
+    batches: list[Any] = []
+    states: list[dict] = []
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return batches, states
+        except kind:
+            states.append(json.loads(json.dumps(loader.state_dict())))
+            continue
+        batches.append(np.asarray(batch).tolist())
+        if len(batches) == save_at:
+            states.append(json.loads(json.dumps(loader.state_dict())))
+
+
+def _resumed(where: str, state: dict) -> list[Any]:
+    loader = _loader(where, None)
+    loader.load_state_dict(state)
+    return [np.asarray(b).tolist() for b in loader]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["sequential", "shuffled", "collate", "stream", "stream_collate"])
+@pytest.mark.parametrize("kind", INTERRUPTS, ids=lambda k: k.__name__)
+def test_an_interrupted_batch_comes_from_the_next_next_and_the_state_has_no_gap(
+        where: str, kind: type[BaseException]) -> None:
+    uninterrupted = [np.asarray(b).tolist() for b in _loader(where, None)]
+    done = next(k for k, b in enumerate(uninterrupted) if TRIP in b)  # handed out before the interrupted one
+    save_at = done + 2  # two batches past the interrupted one
+    batches, (at_interrupt, later) = _run(_loader(where, kind), kind, save_at)
+    assert batches == uninterrupted  # nothing lost, nothing twice
+    assert at_interrupt["yielded"] == done
+    if not where.startswith("stream"):
+        assert at_interrupt["delivered"] == ([[0, done]] if done else [])
+    assert _resumed(where, at_interrupt) == uninterrupted[done:]  # the user never got it: a resume makes it
+    assert later["yielded"] == save_at
+    if not where.startswith("stream"):
+        assert later["delivered"] == [[0, save_at]]  # one range: no gap left where the interrupt was
+    assert _resumed(where, later) == uninterrupted[save_at:]
