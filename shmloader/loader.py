@@ -170,6 +170,12 @@ class DataLoader(Generic[T_co]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         loader_copy.restore(self, state)
 
+    def __copy__(self) -> DataLoader[T_co]:
+        """``copy.copy``: allowed with a persistent iterator, as torch allows it; the copy makes its own."""
+        clone = type(self).__new__(type(self))
+        clone.__setstate__(loader_copy.carried_state(self, shallow=True))
+        return clone
+
     # -- default samplers: shmloader's here; the torch flavour makes torch's own -----------------
     def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Sampler | Iterable:
         """The sampler made when none is given (torch's rule: infinite / random / sequential)."""
