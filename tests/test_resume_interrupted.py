@@ -100,23 +100,23 @@ def _loader(where: str, kind: type[BaseException] | None) -> shmloader.DataLoade
     return shmloader.DataLoader(Samples(trip), batch_size=BATCH, shuffle=where == "shuffled", generator=7)
 
 
-def _run(loader: shmloader.DataLoader, kind: type[BaseException], save_at: int) -> tuple[list[Any], list[dict]]:
-    """Iterate ``loader``, catching ``kind`` and going on; returns the batches and the states saved
-    right after the interrupt and after ``save_at`` batches."""
+def _run(source: Any, kind: type[BaseException], save_at: int) -> tuple[list[Any], list[dict]]:
+    """Iterate ``source`` (a loader or ``to_device`` of one), catching ``kind`` and going on;
+    returns the batches and its states saved right after the interrupt and after ``save_at`` batches."""
     batches: list[Any] = []
     states: list[dict] = []
-    it = iter(loader)
+    it = iter(source)
     while True:
         try:
             batch = next(it)
         except StopIteration:
             return batches, states
         except kind:
-            states.append(json.loads(json.dumps(loader.state_dict())))
+            states.append(json.loads(json.dumps(source.state_dict())))
             continue
         batches.append(np.asarray(batch).tolist())
         if len(batches) == save_at:
-            states.append(json.loads(json.dumps(loader.state_dict())))
+            states.append(json.loads(json.dumps(source.state_dict())))
 
 
 def _resumed(where: str, state: dict) -> list[Any]:
@@ -143,3 +143,22 @@ def test_an_interrupted_batch_comes_from_the_next_next_and_the_state_has_no_gap(
     if not where.startswith("stream"):
         assert later["delivered"] == [[0, save_at]]  # one range: no gap left where the interrupt was
     assert _resumed(where, later) == uninterrupted[save_at:]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", INTERRUPTS, ids=lambda k: k.__name__)
+def test_an_interrupt_while_to_device_reads_ahead_loses_no_batch(kind: type[BaseException]) -> None:
+    """``to_device`` reads batch k+1 while handing out batch k: an interrupt in that read comes
+    before batch k reaches the caller, so batch k is neither lost (the next ``next()`` returns it)
+    nor counted in ``moved.state_dict()`` (a resume from the state saved then makes it)."""
+    from shmloader.gpu.fake import FakeBackend
+
+    uninterrupted = [np.asarray(b).tolist() for b in _loader("sequential", None)]
+    done = next(k for k, b in enumerate(uninterrupted) if TRIP in b) - 1  # received before the interrupt
+    moved = shmloader.to_device(_loader("sequential", kind), "cpu", transfer=FakeBackend(auto_complete=True))
+    batches, (at_interrupt, later) = _run(moved, kind, done + 2)
+    assert batches == uninterrupted
+    assert at_interrupt["delivered"] == [[0, done]] and at_interrupt["yielded"] == done
+    assert _resumed("sequential", at_interrupt) == uninterrupted[done:]
+    assert later["delivered"] == [[0, done + 2]]
+    assert _resumed("sequential", later) == uninterrupted[done + 2:]
