@@ -9,11 +9,13 @@ Runs in the main process.
 Promises: ``start`` makes an epoch's sampler iterator and base seed exactly as torch does (the
 seed drawn from ``loader.generator`` right after the sampler iterator is made, or reused by a
 persistent iterator) and snapshots what re-creates the epoch before any of it draws (before
-``iter(sampler)``); a loaded resume is used by exactly one ``start``. See docs/resume.md.
+``iter(sampler)``); a loaded resume is used by exactly one ``start`` that goes on to make its
+iterator (``starting``: an iterator that fails to start gives it back). See docs/resume.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -75,6 +77,23 @@ class EpochBook:
         skip = record.delivered if resume is not None and not iterable else _state.TaskSet()
         fast_forward = resume.yielded if resume is not None and iterable else 0
         return EpochStart(sampler_iter, base_seed, record, skip, fast_forward)
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Around making an iterator. One that raises (a Ctrl-C while workers start, a worker that
+        cannot start, an iterable dataset's ``__iter__``) started no epoch: the book is put back, so
+        ``state_dict()`` is what it was and the next ``iter()`` starts the same epoch; a loaded
+        resume it took is armed again, with the sampler, dataset and generator states it restored,
+        since the failed start may have drawn from them. Without a resume, what it drew stays drawn
+        (as in torch), and a state saved now starts from there, as the next ``iter()`` does."""
+        saved = self.epoch_count, self.record, self.resume, self.reused_seed
+        try:
+            yield
+        except BaseException:
+            self.epoch_count, self.record, self.resume, self.reused_seed = saved
+            if self.resume is not None:
+                _state.restore_sources(self._loader, self.resume.state)
+            raise
 
     def _base_seed(self, resume: _state.Resume | None, reuse_seed: int | None) -> tuple[int, bool]:
         """The epoch's base seed, and whether it was drawn from ``loader.generator`` (torch's draw)."""

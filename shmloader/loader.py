@@ -230,13 +230,14 @@ class DataLoader(Generic[T_co]):
 
     def _get_iterator(self) -> BaseIter:
         self._warn_pinning()
-        if self.num_workers == 0:
-            it: BaseIter = SingleProcessIter(self._plan())
-        else:
-            from shmloader.engine.mp_iterator import MultiProcessIter
+        with self._book.starting():  # an iterator that fails to start starts no epoch
+            if self.num_workers == 0:
+                it: BaseIter = SingleProcessIter(self._plan())
+            else:
+                from shmloader.engine.mp_iterator import MultiProcessIter
 
-            self.check_worker_number_rationality()
-            it = MultiProcessIter(self._plan())
+                self.check_worker_number_rationality()
+                it = MultiProcessIter(self._plan())
         self._live.add(it)
         return it
 

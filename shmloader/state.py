@@ -257,11 +257,7 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     check(loader, state)
     delivered = TaskSet.from_ranges(state["delivered"])
     random = state["random"]  # check() imported torch already where its generators made the order
-    targets = [(_object_target(loader, name, saved), saved) for name, saved in state["objects"].items()]
-    put_back = prepare_restore(loader, random["sources"])
-    _load_objects(targets)
-    for setter in put_back:
-        setter()
+    restore_sources(loader, state)
     loader.close()  # persistent workers restart with the restored dataset
     book = loader._book
     book.record, book.resume, book.epoch_count = None, None, state["epoch"]
@@ -272,6 +268,16 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
                              random.get("base_seed_drawn", False),
                              None if torch_first is None else base64.b64decode(torch_first),
                              json.loads(json.dumps(dict(state))))
+
+
+def restore_sources(loader: Any, state: Mapping[str, Any]) -> None:
+    """Put back the sampler, batch sampler and dataset states and the generators of a checked
+    ``state``: all of them, or (StateError, or an object's own error) none."""
+    targets = [(_object_target(loader, name, saved), saved) for name, saved in state["objects"].items()]
+    put_back = prepare_restore(loader, state["random"]["sources"])
+    _load_objects(targets)
+    for setter in put_back:
+        setter()
 
 
 def _object_target(loader: Any, name: str, saved: Any) -> Any:
