@@ -36,8 +36,13 @@ class Tripwire:
             raise kind()
 
 
+def _sample(i: int) -> np.ndarray:
+    """Sample i: [i, a draw from numpy's global RNG] (a random augmentation)."""
+    return np.array([i, np.random.randint(1 << 30)], dtype=np.int64)
+
+
 class Samples(shmloader.Dataset):
-    """Sample i is i; fetching sample ``TRIP`` is interrupted once."""
+    """Sample i is ``_sample(i)``; fetching sample ``TRIP`` is interrupted once."""
 
     def __init__(self, trip: Tripwire) -> None:
         self.trip = trip
@@ -45,9 +50,9 @@ class Samples(shmloader.Dataset):
     def __len__(self) -> int:
         return N
 
-    def __getitem__(self, i: int) -> int:
+    def __getitem__(self, i: int) -> np.ndarray:
         self.trip.step(i)
-        return i
+        return _sample(i)
 
 
 class Stream(shmloader.IterableDataset):
@@ -57,7 +62,7 @@ class Stream(shmloader.IterableDataset):
     def __init__(self, trip: Tripwire) -> None:
         self.trip = trip
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         return _Items(self.trip)
 
 
@@ -68,12 +73,12 @@ class _Items:
     def __iter__(self) -> _Items:
         return self
 
-    def __next__(self) -> int:
+    def __next__(self) -> np.ndarray:
         if self.next_item == N:
             raise StopIteration
         self.trip.step(self.next_item)
         self.next_item += 1
-        return self.next_item - 1
+        return _sample(self.next_item - 1)
 
 
 class TrippingCollate:
@@ -84,20 +89,24 @@ class TrippingCollate:
 
     def __call__(self, samples: list[Any]) -> Any:
         for sample in samples:
-            self.trip.step(sample)
+            self.trip.step(int(sample[0]))
         return default_collate(samples)
 
 
 def _loader(where: str, kind: type[BaseException] | None) -> shmloader.DataLoader:
+    """Per-task seeding: an uninterrupted epoch's augmentation is the same run after run."""
     trip = Tripwire(kind)
     quiet = Tripwire(None)
     if where == "collate":
-        return shmloader.DataLoader(Samples(quiet), batch_size=BATCH, collate_fn=TrippingCollate(trip))
-    if where == "stream":
-        return shmloader.DataLoader(Stream(trip), batch_size=BATCH)
-    if where == "stream_collate":
-        return shmloader.DataLoader(Stream(quiet), batch_size=BATCH, collate_fn=TrippingCollate(trip))
-    return shmloader.DataLoader(Samples(trip), batch_size=BATCH, shuffle=where == "shuffled", generator=7)
+        dataset, collate_fn = Samples(quiet), TrippingCollate(trip)
+    elif where == "stream":
+        dataset, collate_fn = Stream(trip), default_collate
+    elif where == "stream_collate":
+        dataset, collate_fn = Stream(quiet), TrippingCollate(trip)
+    else:
+        return shmloader.DataLoader(Samples(trip), batch_size=BATCH, shuffle=where == "shuffled", generator=7,
+                                    task_seeding=True)
+    return shmloader.DataLoader(dataset, batch_size=BATCH, collate_fn=collate_fn, generator=7, task_seeding=True)
 
 
 def _run(source: Any, kind: type[BaseException], save_at: int) -> tuple[list[Any], list[dict]]:
@@ -119,6 +128,11 @@ def _run(source: Any, kind: type[BaseException], save_at: int) -> tuple[list[Any
             states.append(json.loads(json.dumps(source.state_dict())))
 
 
+def _interrupted_batch(batches: list[Any]) -> int:
+    """The position of the batch that holds sample ``TRIP``."""
+    return next(k for k, batch in enumerate(batches) if any(row[0] == TRIP for row in batch))
+
+
 def _resumed(where: str, state: dict) -> list[Any]:
     loader = _loader(where, None)
     loader.load_state_dict(state)
@@ -131,10 +145,10 @@ def _resumed(where: str, state: dict) -> list[Any]:
 def test_an_interrupted_batch_comes_from_the_next_next_and_the_state_has_no_gap(
         where: str, kind: type[BaseException]) -> None:
     uninterrupted = [np.asarray(b).tolist() for b in _loader(where, None)]
-    done = next(k for k, b in enumerate(uninterrupted) if TRIP in b)  # handed out before the interrupted one
+    done = _interrupted_batch(uninterrupted)  # handed out before the interrupted one
     save_at = done + 2  # two batches past the interrupted one
     batches, (at_interrupt, later) = _run(_loader(where, kind), kind, save_at)
-    assert batches == uninterrupted  # nothing lost, nothing twice
+    assert batches == uninterrupted  # nothing lost, nothing twice, each with its own augmentation
     assert at_interrupt["yielded"] == done
     if not where.startswith("stream"):
         assert at_interrupt["delivered"] == ([[0, done]] if done else [])
@@ -154,7 +168,7 @@ def test_an_interrupt_while_to_device_reads_ahead_loses_no_batch(kind: type[Base
     from shmloader.gpu.fake import FakeBackend
 
     uninterrupted = [np.asarray(b).tolist() for b in _loader("sequential", None)]
-    done = next(k for k, b in enumerate(uninterrupted) if TRIP in b) - 1  # received before the interrupt
+    done = _interrupted_batch(uninterrupted) - 1  # received before the interrupt
     moved = shmloader.to_device(_loader("sequential", kind), "cpu", transfer=FakeBackend(auto_complete=True))
     batches, (at_interrupt, later) = _run(moved, kind, done + 2)
     assert batches == uninterrupted

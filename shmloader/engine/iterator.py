@@ -220,10 +220,11 @@ class SingleProcessIter(BaseIter):
         task, spec = pending.task, self._spec
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
-        with _seeded(seed):
+        with _seeded(seed, pending, self._iterable):
             try:
                 if pending.data is _UNFETCHED:
                     pending.data = self._fetcher.fetch(pending.index)  # an iterable dataset may end here too
+                    pending.rngs = None if seed is None else _rng_states()  # a collate retry goes on from here
                 t1 = time.perf_counter()
                 batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules,
                                     pending.data, _heap_alloc, self._stack)
@@ -256,27 +257,52 @@ class _Pending:
     task: int
     index: Any
     data: Any = _UNFETCHED
+    rngs: tuple[Any, Any, Any] | None = None  # with per-task seeding: where a retry's RNGs go on from
 
 
 @contextlib.contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
+def _seeded(seed: int | None, pending: _Pending, iterable: bool) -> Iterator[None]:
     """Per-task seeding in the main process: seed as ``worker_info.seed_task`` does, then put back the
-    caller's random, numpy and torch CPU RNG states (torch.manual_seed would also reseed CUDA's)."""
+    caller's random, numpy and torch CPU RNG states (torch.manual_seed would also reseed CUDA's).
+
+    A task made again after an interrupt goes on from ``pending.rngs`` where it has them, so its
+    samples draw what they would have drawn uninterrupted: taken once its samples were fetched (a
+    collate made again), or, for an iterable dataset, when the interrupt came (its fetch goes on from
+    the samples it kept). A map-style fetch is made again from the start: seeded afresh."""
     if seed is None:
         yield
         return
+    saved = _rng_states()
+    if pending.rngs is None:
+        seed_rngs(seed, generate_state(seed, 0), cuda=False)
+    else:
+        _set_rng_states(pending.rngs)
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        if pending.data is _UNFETCHED:
+            pending.rngs = _rng_states() if iterable else None
+        raise
+    finally:
+        _set_rng_states(saved)
+
+
+def _rng_states() -> tuple[Any, Any, Any]:
+    """random's, numpy's global and (when imported) torch's CPU RNG states."""
     import numpy as np
 
     torch = sys.modules.get("torch")
-    saved = random.getstate(), np.random.get_state(), None if torch is None else torch.get_rng_state()
-    seed_rngs(seed, generate_state(seed, 0), cuda=False)
-    try:
-        yield
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        if torch is not None:
-            torch.set_rng_state(saved[2])
+    return random.getstate(), np.random.get_state(), None if torch is None else torch.get_rng_state()
+
+
+def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
+    import numpy as np
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch = sys.modules.get("torch")
+    if torch is not None and states[2] is not None:
+        torch.set_rng_state(states[2])
 
 
 def _heap_alloc(shape: tuple[int, ...], dtype: Any) -> Any:
