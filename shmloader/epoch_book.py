@@ -61,6 +61,7 @@ class EpochBook:
         ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
         """
         resume, self.resume = self.resume, None
+        drew: tuple[Any, Any] | None = None  # a resumed first draw made at iter(): the RNG before and after
         with global_rng(None if resume is None else resume.torch_global):
             objects = _state.object_states(self._loader)
             random = snapshot(self._loader)
@@ -72,8 +73,12 @@ class EpochBook:
             if not iterable and not draw_at_iter:
                 sampler_iter = FirstDraw(sampler_iter, record, resume)
             elif not iterable:  # a state saved without workers keeps what its first next() drew under
+                left = _torch_rng()
                 with global_rng(first):
                     sampler_iter = _state.peeked(sampler_iter)
+                drew = (left, _torch_rng()) if resume is not None and first is None else None
+        if drew is not None:
+            _advance_if_at(*drew)
         skip = record.delivered if resume is not None and not iterable else _state.TaskSet()
         fast_forward = resume.yielded if resume is not None and iterable else 0
         return EpochStart(sampler_iter, base_seed, record, skip, fast_forward)
@@ -144,8 +149,30 @@ class FirstDraw:
         saved = self._record.random.torch_first
         if self._resuming:
             with global_rng(left if saved is None else saved):
-                return next(self._it)
+                item = next(self._it)
+                after = torch.get_rng_state()
+            if saved is None:
+                _advance_if_at(left, after)
+            return item
         now = torch.get_rng_state()
         if not torch.equal(now, left):
             self._record.random = replace(self._record.random, torch_first=now)
         return next(self._it)
+
+
+def _torch_rng() -> Any:
+    """torch's global RNG state now; None when torch is not imported."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_rng_state()
+
+
+def _advance_if_at(before: Any, after: Any) -> None:
+    """A resumed epoch made its sampler's first draw, from ``before`` to ``after``, under a borrowed
+    global RNG. When the caller's global RNG is at ``before``, the saved epoch had that draw still
+    to come (saved between ``iter()`` and its first ``next()``, without workers) and the caller has
+    restored its RNG from a checkpoint taken with the state: uninterrupted, the draw would have
+    advanced it, so it is advanced to ``after``, and later epochs draw what they would have. Any
+    other caller RNG (a checkpoint taken after the draw, or none restored) is left as it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.equal(torch.get_rng_state(), before):
+        torch.set_rng_state(after)

@@ -221,3 +221,27 @@ def test_a_state_saved_before_the_first_batch_resumes_the_whole_epoch() -> None:
     state = loader.state_dict()
     reference = batches(it)  # nothing drew from the global RNG between iter() and the first next()
     assert _resumed(state) == reference
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("resumed_workers", [0, 2])
+def test_a_state_saved_before_the_first_batch_advances_the_restored_global_rng(resumed_workers: int) -> None:
+    """The saved epoch's first draw (without workers: at its first next()) was still to come, so
+    the caller's RNG checkpoint taken with the state does not hold it; uninterrupted, that draw
+    advances the global RNG. The resumed draw advances the restored RNG the same way, so the
+    following epochs, whose seeds come from it, are the uninterrupted ones too."""
+    torch.manual_seed(0)
+    loader = _global_rng_loader()
+    batches(loader)
+    it = iter(loader)
+    state, rng = json.loads(json.dumps(loader.state_dict())), torch.get_rng_state()
+    reference = [batches(it), batches(loader)]
+    torch.manual_seed(99)
+    resumed = _global_rng_loader(resumed_workers)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)  # the caller restores its own RNG from the same checkpoint
+    try:
+        with quiet():
+            assert [batches(resumed), batches(resumed)] == reference
+    finally:
+        resumed.close()
