@@ -85,8 +85,9 @@ class EpochBook:
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
-        """Around making an iterator. One that raises (a Ctrl-C while workers start, a worker that
-        cannot start, an iterable dataset's ``__iter__``) started no epoch: the book is put back, so
+        """Around making an iterator, or a persistent one's next epoch. One that raises (a Ctrl-C
+        while workers start, a worker that cannot start, an iterable dataset's ``__iter__``) started
+        no epoch: the book is put back, so
         ``state_dict()`` is what it was and the next ``iter()`` starts the same epoch; a loaded
         resume it took is armed again, with the sampler, dataset and generator states it restored,
         since the failed start may have drawn from them. Without a resume, what it drew stays drawn

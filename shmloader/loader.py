@@ -224,7 +224,8 @@ class DataLoader(Generic[T_co]):
             if it is None or getattr(it, "closed", False):
                 self._iterator = self._get_iterator()
             else:
-                it._reset(self._plan())
+                with self._book.starting():  # a next epoch that fails to start starts no epoch either
+                    it._reset(self._plan())
             return self._iterator  # type: ignore[return-value]
         return self._get_iterator()
 

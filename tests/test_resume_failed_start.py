@@ -15,6 +15,7 @@ import pytest
 
 import shmloader
 from shmloader.engine import workers as workers_mod
+from shmloader.engine.mp_iterator import MultiProcessIter
 
 
 class FailsOnce:
@@ -46,7 +47,7 @@ def _loader(case: str) -> shmloader.DataLoader:
     if case == "stream":
         return shmloader.DataLoader(Stream(), batch_size=2)
     return shmloader.DataLoader(np.arange(14), batch_size=2, shuffle=True, generator=3, num_workers=1,
-                                multiprocessing_context="fork")
+                                multiprocessing_context="fork", persistent_workers=case == "persistent")
 
 
 def _arm(case: str, monkeypatch: pytest.MonkeyPatch) -> FailsOnce | None:
@@ -54,6 +55,11 @@ def _arm(case: str, monkeypatch: pytest.MonkeyPatch) -> FailsOnce | None:
     if case == "stream":
         Stream.fail_next = True
         return None
+    if case == "persistent":  # the persistent iterator's next epoch, on the same workers
+        begin = FailsOnce(MultiProcessIter._begin_epoch)
+        monkeypatch.setattr(MultiProcessIter, "_begin_epoch", lambda self: begin(self))
+        begin.armed = True
+        return begin
     start_all = FailsOnce(workers_mod.WorkerPool.start_all)
     monkeypatch.setattr(workers_mod.WorkerPool, "start_all", lambda self: start_all(self))
     start_all.armed = True
@@ -87,7 +93,7 @@ def test_a_failed_iter_after_load_state_dict_leaves_the_resume_armed(case: str, 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("case", ["workers", "stream"])
+@pytest.mark.parametrize("case", ["workers", "stream", "persistent"])
 def test_a_failed_iter_starts_no_epoch(case: str, monkeypatch) -> None:
     with _loader(case) as loader:
         _batches(loader)
