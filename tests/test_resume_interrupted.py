@@ -176,3 +176,30 @@ def test_an_interrupt_while_to_device_reads_ahead_loses_no_batch(kind: type[Base
     assert _resumed("sequential", at_interrupt) == uninterrupted[done:]
     assert later["delivered"] == [[0, done + 2]]
     assert _resumed("sequential", later) == uninterrupted[done + 2:]
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_while_the_batch_is_pinned_loses_no_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pin_memory=True`` without workers copies each batch into pinned memory (where an
+    accelerator is): the last step before the caller gets it, so an interrupt there leaves the
+    batch undelivered and the next ``next()`` makes it again."""
+    from shmloader.gpu import pinning
+
+    trip = Tripwire(KeyboardInterrupt)
+    pinned: list[Any] = []
+
+    def pin_copy(batch: Any) -> Any:
+        trip.step(int(np.asarray(batch)[-1, 0]))  # the batch that ends with sample TRIP
+        pinned.append(batch)
+        return batch
+
+    monkeypatch.setattr(pinning, "accelerator_available", lambda: True)
+    monkeypatch.setattr(pinning, "warn_if_unpinned", lambda loader: None)
+    monkeypatch.setattr(pinning, "pin_copy", pin_copy)
+    uninterrupted = [np.asarray(b).tolist() for b in _loader("sequential", None)]
+    loader = _loader("sequential", None)
+    loader.pin_memory = True
+    batches, (at_interrupt, later) = _run(loader, KeyboardInterrupt, _interrupted_batch(uninterrupted) + 2)
+    assert batches == uninterrupted and len(pinned) == len(uninterrupted)
+    assert at_interrupt["delivered"] == [[0, _interrupted_batch(uninterrupted)]]
+    assert later["delivered"] == [[0, _interrupted_batch(uninterrupted) + 2]]

@@ -236,11 +236,17 @@ class SingleProcessIter(BaseIter):
                 self._batch_failed(task, exc)
                 raise
         t2 = time.perf_counter()
+        try:
+            batch = self._plan.finish(batch)  # pinning's copy: a Ctrl-C there leaves the task pending too
+        except Exception:
+            self._pending = None  # a pinning failure: the batch is gone, and counted, as always
+            self._record.delivered.add(task)
+            raise
         self._pending = None
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
-        return self._plan.finish(batch)
+        return batch
 
 
 _UNFETCHED: Any = object()
