@@ -245,3 +245,40 @@ def test_a_state_saved_before_the_first_batch_advances_the_restored_global_rng(r
             assert [batches(resumed), batches(resumed)] == reference
     finally:
         resumed.close()
+
+
+class Curriculum(shmloader.Dataset):
+    """A curriculum: level L holds 10 * (L + 1) samples, and the level is the dataset's state."""
+
+    def __init__(self) -> None:
+        self.level = 0
+
+    def __len__(self) -> int:
+        return 10 * (self.level + 1)
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def state_dict(self) -> dict[str, int]:
+        return {"level": self.level}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.level = state["level"]
+
+
+def test_a_dataset_whose_length_follows_its_state_resumes() -> None:
+    """The saved length is compared with the length the loaded state gives, not the fresh one's."""
+    loader = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    loader.dataset.level = 2
+    it = iter(loader)
+    batches(it, 3)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = batches(it)
+    resumed = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    resumed.load_state_dict(state)
+    assert resumed.dataset.level == 2 and batches(resumed) == rest
+    state["objects"]["dataset"]["level"] = 1  # a length that still differs once loaded: refused, undone
+    fresh = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    with pytest.raises(shmloader.state.StateError, match="dataset_len: saved 30, this loader 20"):
+        fresh.load_state_dict(state)
+    assert fresh.dataset.level == 0
