@@ -9,11 +9,13 @@ Runs in the main process.
 Promises: ``start`` makes an epoch's sampler iterator and base seed exactly as torch does (the
 seed drawn from ``loader.generator`` right after the sampler iterator is made, or reused by a
 persistent iterator) and snapshots what re-creates the epoch before any of it draws (before
-``iter(sampler)``); a loaded resume is used by exactly one ``start``. See docs/resume.md.
+``iter(sampler)``); a loaded resume is used by exactly one ``start`` that goes on to make its
+iterator (``starting``: an iterator that fails to start gives it back). See docs/resume.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -59,6 +61,7 @@ class EpochBook:
         ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
         """
         resume, self.resume = self.resume, None
+        drew: tuple[Any, Any] | None = None  # a resumed first draw made at iter(): the RNG before and after
         with global_rng(None if resume is None else resume.torch_global):
             objects = _state.object_states(self._loader)
             random = snapshot(self._loader)
@@ -70,11 +73,33 @@ class EpochBook:
             if not iterable and not draw_at_iter:
                 sampler_iter = FirstDraw(sampler_iter, record, resume)
             elif not iterable:  # a state saved without workers keeps what its first next() drew under
+                left = _torch_rng()
                 with global_rng(first):
                     sampler_iter = _state.peeked(sampler_iter)
+                drew = (left, _torch_rng()) if resume is not None and first is None else None
+        if drew is not None:
+            _advance_if_at(*drew)
         skip = record.delivered if resume is not None and not iterable else _state.TaskSet()
         fast_forward = resume.yielded if resume is not None and iterable else 0
         return EpochStart(sampler_iter, base_seed, record, skip, fast_forward)
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Around making an iterator, or a persistent one's next epoch. One that raises (a Ctrl-C
+        while workers start, a worker that cannot start, an iterable dataset's ``__iter__``) started
+        no epoch: the book is put back, so
+        ``state_dict()`` is what it was and the next ``iter()`` starts the same epoch; a loaded
+        resume it took is armed again, with the sampler, dataset and generator states it restored,
+        since the failed start may have drawn from them. Without a resume, what it drew stays drawn
+        (as in torch), and a state saved now starts from there, as the next ``iter()`` does."""
+        saved = self.epoch_count, self.record, self.resume, self.reused_seed
+        try:
+            yield
+        except BaseException:
+            self.epoch_count, self.record, self.resume, self.reused_seed = saved
+            if self.resume is not None:
+                _state.restore_sources(self._loader, self.resume.state)
+            raise
 
     def _base_seed(self, resume: _state.Resume | None, reuse_seed: int | None) -> tuple[int, bool]:
         """The epoch's base seed, and whether it was drawn from ``loader.generator`` (torch's draw)."""
@@ -125,8 +150,30 @@ class FirstDraw:
         saved = self._record.random.torch_first
         if self._resuming:
             with global_rng(left if saved is None else saved):
-                return next(self._it)
+                item = next(self._it)
+                after = torch.get_rng_state()
+            if saved is None:
+                _advance_if_at(left, after)
+            return item
         now = torch.get_rng_state()
         if not torch.equal(now, left):
             self._record.random = replace(self._record.random, torch_first=now)
         return next(self._it)
+
+
+def _torch_rng() -> Any:
+    """torch's global RNG state now; None when torch is not imported."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_rng_state()
+
+
+def _advance_if_at(before: Any, after: Any) -> None:
+    """A resumed epoch made its sampler's first draw, from ``before`` to ``after``, under a borrowed
+    global RNG. When the caller's global RNG is at ``before``, the saved epoch had that draw still
+    to come (saved between ``iter()`` and its first ``next()``, without workers) and the caller has
+    restored its RNG from a checkpoint taken with the state: uninterrupted, the draw would have
+    advanced it, so it is advanced to ``after``, and later epochs draw what they would have. Any
+    other caller RNG (a checkpoint taken after the draw, or none restored) is left as it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.equal(torch.get_rng_state(), before):
+        torch.set_rng_state(after)

@@ -38,7 +38,7 @@ from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
 from shmloader.gpu import pinning
 from shmloader.loader_call import records_explicit
-from shmloader.log import apply_log_level
+from shmloader.log import apply_log_level, worker_log_setup
 from shmloader.owner import ProcessOwner
 from shmloader.plugins import build_plugin_manager
 from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -170,6 +170,12 @@ class DataLoader(Generic[T_co]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         loader_copy.restore(self, state)
 
+    def __copy__(self) -> DataLoader[T_co]:
+        """``copy.copy``: allowed with a persistent iterator, as torch allows it; the copy makes its own."""
+        clone = type(self).__new__(type(self))
+        clone.__setstate__(loader_copy.carried_state(self, shallow=True))
+        return clone
+
     # -- default samplers: shmloader's here; the torch flavour makes torch's own -----------------
     def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Sampler | Iterable:
         """The sampler made when none is given (torch's rule: infinite / random / sequential)."""
@@ -218,19 +224,21 @@ class DataLoader(Generic[T_co]):
             if it is None or getattr(it, "closed", False):
                 self._iterator = self._get_iterator()
             else:
-                it._reset(self._plan())
+                with self._book.starting():  # a next epoch that fails to start starts no epoch either
+                    it._reset(self._plan())
             return self._iterator  # type: ignore[return-value]
         return self._get_iterator()
 
     def _get_iterator(self) -> BaseIter:
         self._warn_pinning()
-        if self.num_workers == 0:
-            it: BaseIter = SingleProcessIter(self._plan())
-        else:
-            from shmloader.engine.mp_iterator import MultiProcessIter
+        with self._book.starting():  # an iterator that fails to start starts no epoch
+            if self.num_workers == 0:
+                it: BaseIter = SingleProcessIter(self._plan())
+            else:
+                from shmloader.engine.mp_iterator import MultiProcessIter
 
-            self.check_worker_number_rationality()
-            it = MultiProcessIter(self._plan())
+                self.check_worker_number_rationality()
+                it = MultiProcessIter(self._plan())
         self._live.add(it)
         return it
 
@@ -337,6 +345,7 @@ class DataLoader(Generic[T_co]):
             batch_size=self.batch_size, drop_last=self.drop_last, collate_kind=kind,
             collate_fn=self.collate_fn if kind == "user" else None, to_torch=to_torch,
             worker_init_fn=self.worker_init_fn, collate_rules=self._plugins.collate_rules(),
+            log_setup=worker_log_setup(),
         )
 
     @property

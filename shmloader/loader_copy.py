@@ -8,8 +8,13 @@ copied (``mp.spawn`` and Lightning's ``ddp_spawn`` pickle the loaders they are h
   the epoch bookkeeping (epochs started, the latest epoch's record, a loaded resume) and the
   plugins passed to the constructor, so it iterates the batches the original would;
 - it never carries an iterator, worker, ring or plugin manager: the copy makes its own, as a new
-  loader does (built-in and entry-point plugins registered again, stats from zero), and starts
-  without a persistent iterator (torch's loader refuses to pickle a live one);
+  loader does (built-in and entry-point plugins registered again, stats from zero);
+- a loader that holds its persistent iterator (``persistent_workers=True`` after ``iter()``, mid-epoch
+  or between epochs, until ``close()`` or ``loader._iterator = None`` drops it) refuses to be
+  pickled or deep-copied with ``NotImplementedError``, as torch's does (its iterator raises as the
+  loader's ``__dict__`` is pickled): a copy without it would draw a new base seed where the original
+  reuses its own, and would carry a record of an epoch it cannot go on with. ``copy.copy``, which
+  torch allows (its copy shares the iterator), gives a copy that starts without it;
 - a passed plugin that cannot be pickled (or deep-copied) raises ``PluginError`` naming it, the
   original error as ``__cause__``; a module passed as a plugin travels by name.
 """
@@ -31,8 +36,17 @@ MACHINERY = frozenset({"_plugins", "_events", "_pin", "_book", "_iterator", "_pe
 _BOOK = "_book_fields"  # the epoch book's plain fields, carried under this key
 
 
-def carried_state(loader: Any) -> dict[str, Any]:
-    """``loader.__getstate__()``: its ``__dict__`` without the machinery, the book's fields added."""
+def carried_state(loader: Any, shallow: bool = False) -> dict[str, Any]:
+    """``loader.__getstate__()``: its ``__dict__`` without the machinery, the book's fields added.
+
+    Raises NotImplementedError for a loader holding its persistent iterator, unless ``shallow``
+    (``copy.copy``)."""
+    iterator = loader._iterator
+    if iterator is not None and not shallow:
+        raise NotImplementedError(
+            f"{type(iterator).__name__} cannot be pickled: this {type(loader).__name__} holds its persistent "
+            "iterator (persistent_workers=True), whose workers cannot travel, and refuses to be pickled or "
+            "deep-copied as torch's DataLoader does. Drop it first: loader.close(), or loader._iterator = None")
     users = loader._user_plugins
     carried = _CarriedPlugins(users)
     state = {k: carried if v is users else v for k, v in loader.__dict__.items() if k not in MACHINERY}

@@ -41,6 +41,7 @@ FORMAT = "shmloader.DataLoader"
 _KEYS = ("format", "version", "config", "epoch", "in_progress", "base_seed", "delivered", "yielded",
          "random", "objects")
 _OBJECTS = ("sampler", "batch_sampler", "dataset")  # loader attributes saved through their state_dict
+_LENGTHS = {"dataset_len", "batches_per_epoch"}  # what those objects' own states may change
 
 
 class TaskSet:
@@ -257,11 +258,7 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     check(loader, state)
     delivered = TaskSet.from_ranges(state["delivered"])
     random = state["random"]  # check() imported torch already where its generators made the order
-    targets = [(_object_target(loader, name, saved), saved) for name, saved in state["objects"].items()]
-    put_back = prepare_restore(loader, random["sources"])
-    _load_objects(targets)
-    for setter in put_back:
-        setter()
+    restore_sources(loader, state)
     loader.close()  # persistent workers restart with the restored dataset
     book = loader._book
     book.record, book.resume, book.epoch_count = None, None, state["epoch"]
@@ -274,6 +271,22 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
                              json.loads(json.dumps(dict(state))))
 
 
+def restore_sources(loader: Any, state: Mapping[str, Any]) -> None:
+    """Put back the sampler, batch sampler and dataset states and the generators of a checked
+    ``state``: all of them, or (StateError, or an object's own error) none. The configuration is
+    checked again once the objects are loaded: a length ``check`` left to them must match now."""
+    targets = [(_object_target(loader, name, saved), saved) for name, saved in state["objects"].items()]
+    put_back = prepare_restore(loader, state["random"]["sources"])
+    loaded = _load_objects(targets)
+    try:
+        _check_config(loader, state, lengths_may_follow=False)
+    except StateError:
+        _unload(loaded)
+        raise
+    for setter in put_back:
+        setter()
+
+
 def _object_target(loader: Any, name: str, saved: Any) -> Any:
     """The loader's ``name`` (sampler, batch sampler, dataset), which must take a saved state_dict."""
     target: Any = getattr(loader, name, None)
@@ -283,9 +296,10 @@ def _object_target(loader: Any, name: str, saved: Any) -> Any:
     return target
 
 
-def _load_objects(targets: list[tuple[Any, Any]]) -> None:
+def _load_objects(targets: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """``load_state_dict`` on each target, all or none: if one raises, the ones loaded before it get
-    back the ``state_dict()`` they had, and its error is raised."""
+    back the ``state_dict()`` they had, and its error is raised. Returns each target with that
+    earlier state, for ``_unload``."""
     loaded: list[tuple[Any, Any]] = []
     try:
         for target, saved in targets:
@@ -293,13 +307,19 @@ def _load_objects(targets: list[tuple[Any, Any]]) -> None:
             target.load_state_dict(saved)
             loaded.append((target, before))
     except BaseException:
-        for target, before in reversed(loaded):
-            target.load_state_dict(before)
+        _unload(loaded)
         raise
+    return loaded
+
+
+def _unload(loaded: list[tuple[Any, Any]]) -> None:
+    for target, before in reversed(loaded):
+        target.load_state_dict(before)
 
 
 def check(loader: Any, state: Mapping[str, Any]) -> None:
-    """Raise StateError (both sides printed) unless ``state`` is a state this loader can resume."""
+    """Raise StateError (both sides printed) unless ``state`` is a state this loader can resume;
+    lengths that only the state's own objects may change are checked again once they are loaded."""
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
         raise StateError(f"not a shmloader DataLoader state: format is {got!r}, expected {FORMAT!r}", got, FORMAT)
@@ -310,8 +330,17 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
     if missing:
         raise StateError(f"the state lacks {', '.join(missing)} (saved keys: {', '.join(sorted(state))})")
     check_fields(state)
+    _check_config(loader, state, lengths_may_follow=bool(state["objects"]))
+
+
+def _check_config(loader: Any, state: Mapping[str, Any], lengths_may_follow: bool) -> None:
+    """StateError (both sides printed) unless the state's configuration is this loader's. With
+    ``lengths_may_follow``, lengths alone that differ are left for after the objects are loaded:
+    a dataset's or sampler's length may follow its own state (a curriculum level)."""
     saved, current = state["config"], config_of(loader)
     diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if diff and lengths_may_follow and set(diff) <= _LENGTHS:
+        return
     if diff:
         lines = "\n".join(f"  {k}: saved {saved.get(k)!r}, this loader {current.get(k)!r}" for k in diff)
         raise StateError(f"the state was saved by a loader configured differently; its delivered tasks would "

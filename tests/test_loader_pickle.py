@@ -1,7 +1,7 @@
 """A loader pickles and deep-copies, as torch's does (``mp.spawn`` and Lightning's ``ddp_spawn`` pickle
 the loaders they are handed; ``copy.deepcopy(loader)`` is a common idiom). The copy iterates the
 same batches with the plugins it was given; iterators and workers are never carried: it starts
-without them."""
+without them. A loader holding its persistent iterator refuses, as torch's does."""
 
 from __future__ import annotations
 
@@ -51,19 +51,53 @@ def test_a_copy_iterates_the_batches_the_original_would(how: str, num_workers: i
         loader.close()
 
 
+def _flavours() -> list[Any]:
+    """Both loader classes; torch's flavour only where torch is installed."""
+    try:
+        import shmloader.torch as shm_torch
+    except ImportError:
+        return [pytest.param(shmloader.DataLoader, id="shmloader")]
+    return [pytest.param(shmloader.DataLoader, id="shmloader"), pytest.param(shm_torch.DataLoader, id="torch")]
+
+
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("flavour", _flavours())
 @pytest.mark.parametrize("how", sorted(COPIES))
-def test_a_live_persistent_iterator_stays_with_the_original(how: str) -> None:
-    """The copy starts without the persistent iterator (torch's refuses to pickle a live one)."""
-    loader = shmloader.DataLoader(np.arange(8), batch_size=4, num_workers=1, persistent_workers=True)
+def test_a_loader_holding_its_persistent_iterator_refuses_to_be_copied(how: str, flavour: Any) -> None:
+    """As torch's: its loader pickles ``_iterator`` and ``_MultiProcessingDataLoaderIter`` raises
+    NotImplementedError, mid-epoch and between epochs alike, until the iterator is dropped."""
+    loader = flavour(np.arange(8), batch_size=4, num_workers=1, persistent_workers=True)
     try:
         iterator = iter(loader)
         assert np.asarray(next(iterator)).tolist() == [0, 1, 2, 3]
+        with pytest.raises(NotImplementedError, match="cannot be pickled"):
+            COPIES[how](loader)
+        assert np.asarray(next(iterator)).tolist() == [4, 5, 6, 7]  # the original carries on
+        assert _batches(loader) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the iterator is kept between epochs...
+        with pytest.raises(NotImplementedError, match="persistent iterator"):
+            COPIES[how](loader)
+        loader._iterator = None  # ...until dropped (Lightning's way; close() drops it too)
         clone = COPIES[how](loader)
+        assert _batches(clone) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        clone.close()
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flavour", _flavours())
+def test_a_shallow_copy_does_not_share_the_persistent_iterator(flavour: Any) -> None:
+    """``copy.copy`` is allowed, as torch allows it; the copy makes its own iterator and workers,
+    so closing one loader never stops the other's (torch's shallow copy shares its iterator)."""
+    loader = flavour(np.arange(8), batch_size=4, num_workers=1, persistent_workers=True)
+    try:
+        iterator = iter(loader)
+        assert np.asarray(next(iterator)).tolist() == [0, 1, 2, 3]
+        clone = copy.copy(loader)
         assert clone._iterator is None and not clone._live
         assert _batches(clone) == [[0, 1, 2, 3], [4, 5, 6, 7]]
         clone.close()
-        assert np.asarray(next(iterator)).tolist() == [4, 5, 6, 7]  # the original carries on
+        assert np.asarray(next(iterator)).tolist() == [4, 5, 6, 7]
     finally:
         loader.close()
 

@@ -221,3 +221,64 @@ def test_a_state_saved_before_the_first_batch_resumes_the_whole_epoch() -> None:
     state = loader.state_dict()
     reference = batches(it)  # nothing drew from the global RNG between iter() and the first next()
     assert _resumed(state) == reference
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("resumed_workers", [0, 2])
+def test_a_state_saved_before_the_first_batch_advances_the_restored_global_rng(resumed_workers: int) -> None:
+    """The saved epoch's first draw (without workers: at its first next()) was still to come, so
+    the caller's RNG checkpoint taken with the state does not hold it; uninterrupted, that draw
+    advances the global RNG. The resumed draw advances the restored RNG the same way, so the
+    following epochs, whose seeds come from it, are the uninterrupted ones too."""
+    torch.manual_seed(0)
+    loader = _global_rng_loader()
+    batches(loader)
+    it = iter(loader)
+    state, rng = json.loads(json.dumps(loader.state_dict())), torch.get_rng_state()
+    reference = [batches(it), batches(loader)]
+    torch.manual_seed(99)
+    resumed = _global_rng_loader(resumed_workers)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)  # the caller restores its own RNG from the same checkpoint
+    try:
+        with quiet():
+            assert [batches(resumed), batches(resumed)] == reference
+    finally:
+        resumed.close()
+
+
+class Curriculum(shmloader.Dataset):
+    """A curriculum: level L holds 10 * (L + 1) samples, and the level is the dataset's state."""
+
+    def __init__(self) -> None:
+        self.level = 0
+
+    def __len__(self) -> int:
+        return 10 * (self.level + 1)
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def state_dict(self) -> dict[str, int]:
+        return {"level": self.level}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.level = state["level"]
+
+
+def test_a_dataset_whose_length_follows_its_state_resumes() -> None:
+    """The saved length is compared with the length the loaded state gives, not the fresh one's."""
+    loader = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    loader.dataset.level = 2
+    it = iter(loader)
+    batches(it, 3)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = batches(it)
+    resumed = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    resumed.load_state_dict(state)
+    assert resumed.dataset.level == 2 and batches(resumed) == rest
+    state["objects"]["dataset"]["level"] = 1  # a length that still differs once loaded: refused, undone
+    fresh = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    with pytest.raises(shmloader.state.StateError, match="dataset_len: saved 30, this loader 20"):
+        fresh.load_state_dict(state)
+    assert fresh.dataset.level == 0

@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from shmloader import state as _state
@@ -187,6 +188,16 @@ class SingleProcessIter(BaseIter):
         self._fetcher = make_fetcher(self._spec)
         # Large numpy stacks split over a few threads, as torch.stack does here (issue 16); workers don't.
         self._stack = stack_for(plan.config.collate_threads)
+        self._pending: _Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
+
+    def _take_task(self) -> _Pending:
+        """The next task not delivered before a save, and its sampler item (StopIteration ends the epoch)."""
+        while self._next_task in self._skip:  # resume: delivered before the save
+            next(self._sampler_iter)
+            self._next_task += 1
+        index = next(self._sampler_iter)
+        self._next_task += 1
+        return _Pending(self._next_task - 1, index)
 
     def _next_data(self) -> Any:
         try:
@@ -202,51 +213,102 @@ class SingleProcessIter(BaseIter):
             raise self._closed_error()
         if self._state is not IterState.RUNNING:
             raise StopIteration
-        while self._next_task in self._skip:  # resume: delivered before the save
-            next(self._sampler_iter)
-            self._next_task += 1
-        index = next(self._sampler_iter)  # StopIteration ends the epoch
-        task, spec = self._next_task, self._spec
-        self._next_task += 1
+        pending = self._pending or self._take_task()
+        # Until its batch (or its error) is handed out, the task stays pending: a Ctrl-C or
+        # SystemExit in the fetch or collate leaves it for the next next(), as a worker's batch is.
+        self._pending = pending
+        task, spec = pending.task, self._spec
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
-        with _seeded(seed):
+        with _seeded(seed, pending, self._iterable):
             try:
-                data = self._fetcher.fetch(index)  # an iterable dataset may end here too
+                if pending.data is _UNFETCHED:
+                    pending.data = self._fetcher.fetch(pending.index)  # an iterable dataset may end here too
+                    pending.rngs = None if seed is None else _rng_states()  # a collate retry goes on from here
                 t1 = time.perf_counter()
-                batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules, data,
-                                    _heap_alloc, self._stack)
+                batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules,
+                                    pending.data, _heap_alloc, self._stack)
             except StopIteration:
+                self._pending = None
                 raise
             except Exception as exc:
+                self._pending = None
                 self._batch_failed(task, exc)
                 raise
         t2 = time.perf_counter()
+        try:
+            batch = self._plan.finish(batch)  # pinning's copy: a Ctrl-C there leaves the task pending too
+        except Exception:
+            self._pending = None  # a pinning failure: the batch is gone, and counted, as always
+            self._record.delivered.add(task)
+            raise
+        self._pending = None
         self._record.delivered.add(task)
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
-        return self._plan.finish(batch)
+        return batch
+
+
+_UNFETCHED: Any = object()
+
+
+@dataclass
+class _Pending:
+    """A ``num_workers=0`` task between its sampler item and its batch's hand-out. A
+    ``KeyboardInterrupt`` or ``SystemExit`` there is not the batch's error: the batch was never
+    handed out, so the next ``next()`` makes it (from ``data`` once fetched: an iterable dataset's
+    samples cannot be fetched twice) and the epoch stays the uninterrupted one, no task left out of
+    the delivered set for a later state to fetch again (docs/resume.md, "An interrupted batch")."""
+
+    task: int
+    index: Any
+    data: Any = _UNFETCHED
+    rngs: tuple[Any, Any, Any] | None = None  # with per-task seeding: where a retry's RNGs go on from
 
 
 @contextlib.contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
+def _seeded(seed: int | None, pending: _Pending, iterable: bool) -> Iterator[None]:
     """Per-task seeding in the main process: seed as ``worker_info.seed_task`` does, then put back the
-    caller's random, numpy and torch CPU RNG states (torch.manual_seed would also reseed CUDA's)."""
+    caller's random, numpy and torch CPU RNG states (torch.manual_seed would also reseed CUDA's).
+
+    A task made again after an interrupt goes on from ``pending.rngs`` where it has them, so its
+    samples draw what they would have drawn uninterrupted: taken once its samples were fetched (a
+    collate made again), or, for an iterable dataset, when the interrupt came (its fetch goes on from
+    the samples it kept). A map-style fetch is made again from the start: seeded afresh."""
     if seed is None:
         yield
         return
+    saved = _rng_states()
+    if pending.rngs is None:
+        seed_rngs(seed, generate_state(seed, 0), cuda=False)
+    else:
+        _set_rng_states(pending.rngs)
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        if pending.data is _UNFETCHED:
+            pending.rngs = _rng_states() if iterable else None
+        raise
+    finally:
+        _set_rng_states(saved)
+
+
+def _rng_states() -> tuple[Any, Any, Any]:
+    """random's, numpy's global and (when imported) torch's CPU RNG states."""
     import numpy as np
 
     torch = sys.modules.get("torch")
-    saved = random.getstate(), np.random.get_state(), None if torch is None else torch.get_rng_state()
-    seed_rngs(seed, generate_state(seed, 0), cuda=False)
-    try:
-        yield
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        if torch is not None:
-            torch.set_rng_state(saved[2])
+    return random.getstate(), np.random.get_state(), None if torch is None else torch.get_rng_state()
+
+
+def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
+    import numpy as np
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch = sys.modules.get("torch")
+    if torch is not None and states[2] is not None:
+        torch.set_rng_state(states[2])
 
 
 def _heap_alloc(shape: tuple[int, ...], dtype: Any) -> Any:

@@ -3,7 +3,9 @@
 Runs in a worker (or in the main process with ``num_workers=0``). Owns, for an iterable dataset,
 the dataset iterator and whether it has ended. Promises torch's semantics: map-style datasets use
 ``__getitems__`` when they define it; an iterable dataset's partial last batch is kept unless
-``drop_last``; once the iterator has ended every later fetch raises ``StopIteration``.
+``drop_last``; once the iterator has ended every later fetch raises ``StopIteration``. A batch
+cut short by ``KeyboardInterrupt``/``SystemExit`` (only possible with ``num_workers=0``: workers
+ignore SIGINT) keeps its samples for the next fetch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class IterableFetcher:
     def reset(self) -> None:
         self.iterator = iter(self.dataset)
         self.ended = False
+        self._partial: list[Any] = []
 
     def fetch(self, _indices: Any = None) -> Any:
         if self.ended:
@@ -44,13 +47,19 @@ class IterableFetcher:
         if not self.auto_collation:
             return next(self.iterator)
         assert self.batch_size is not None
-        data = []
-        for _ in range(self.batch_size):
-            try:
-                data.append(next(self.iterator))
-            except StopIteration:
-                self.ended = True
-                break
+        data, self._partial = self._partial, []
+        try:
+            while len(data) < self.batch_size:
+                try:
+                    data.append(next(self.iterator))
+                except StopIteration:
+                    self.ended = True
+                    break
+        except (KeyboardInterrupt, SystemExit):
+            # num_workers=0: the samples taken are gone from the iterator; the next fetch (the
+            # interrupted batch's, made again) goes on from them. A dataset's error drops them, as torch's.
+            self._partial = data
+            raise
         if not data or (self.drop_last and len(data) < self.batch_size):
             raise StopIteration
         return data

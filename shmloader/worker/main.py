@@ -38,6 +38,7 @@ from shmloader import worker_info
 from shmloader.collate import collate, default_convert
 from shmloader.collate.context import SlotFull, heap_alloc
 from shmloader.collate.sizing import needed_bytes
+from shmloader.log import WorkerLogSetup, apply_worker_log_setup
 from shmloader.transport import codec, wire
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
@@ -74,6 +75,7 @@ class WorkerSpec:
     to_torch: bool
     worker_init_fn: Callable[[int], None] | None
     collate_rules: dict[type, Any] = field(default_factory=dict)
+    log_setup: WorkerLogSetup | None = None  # the main process's logging (spawn/forkserver start without it)
 
 
 def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, results: Connection,
@@ -86,7 +88,9 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     _watch_parent(parent_pid, death_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        worker = _Worker(_load_spec(spec_or_blob), worker_id, results)
+        spec = _load_spec(spec_or_blob)
+        apply_worker_log_setup(spec.log_setup)  # before worker_init_fn, which may configure its own
+        worker = _Worker(spec, worker_id, results)
     except BaseException:
         _send(results, _failure(0, None, sys.exc_info()))
         return
