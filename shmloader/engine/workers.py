@@ -107,6 +107,11 @@ class WorkerHandle:
     backlog: set[WorkerHandle] = field(default_factory=set)  # the pool's handles with bytes unsent
     unsent: bytearray = field(default_factory=bytearray)  # framed messages the pipe has not taken yet
     replies: wire.FrameReader = field(init=False)  # every reply waiting on ``results``, one read (issue 16)
+    # The main process's copy of the task pipe's read end, never read: while it is open a task
+    # written to a worker that just died lands in the pipe instead of raising SIGPIPE, which kills
+    # a process whose SIGPIPE action is the default (tests/test_sigpipe.py); the sentinel reports
+    # the death. Closed with the handle (``_reap``).
+    task_reader: Connection | None = None
 
     def __post_init__(self) -> None:
         self.replies = wire.FrameReader(self.results.fileno())
@@ -211,7 +216,7 @@ class WorkerPool:
                 name=f"shmloader-worker-{worker_id}",
                 daemon=True,
             )
-            handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog)
+            handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog, task_reader=task_r)
             _live_workers.add(process)
             self._launch(process)
             self._place(handle)  # from here shutdown() stops it, whatever is raised next
@@ -223,7 +228,7 @@ class WorkerPool:
             else:
                 _close(task_w, res_r)  # never forked (or too early to know its pid: it reads EOF, exits)
             raise
-        _close(task_r, res_w)  # the worker's ends: it holds its own copies
+        _close(res_w)  # the worker's end: it holds its own copy (task_r stays open: ``task_reader``)
         logger.info("worker %d started (pid %s)", worker_id, handle.pid)
         return handle
 
@@ -333,7 +338,7 @@ def _reap(w: WorkerHandle) -> None:
     w.unsent.clear()  # nobody will read it now
     w.backlog.discard(w)
     _live_workers.discard(p)
-    _close(w.tasks, w.results)
+    _close(w.tasks, w.results, *([w.task_reader] if w.task_reader is not None else []))
 
 
 def _close(*conns: Connection) -> None:
