@@ -127,3 +127,51 @@ def test_a_batch_kept_for_an_abandoned_epochs_retry_is_let_go_by_the_next_epoch(
         assert list(freed[:4]) == [1, 1, 1, 1]
     finally:
         loader.close()
+
+
+class _SignalsAt(shmloader.Dataset):
+    """``GrowingDataset``'s shape (from sample 8 on, 4 MiB samples), and ``reached`` is set when sample
+    ``signal_at`` is fetched: every reply before that task is written by then."""
+
+    def __init__(self, reached, signal_at: int) -> None:  # noqa: ANN001  # a multiprocessing Event
+        self.reached, self.signal_at = reached, signal_at
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == self.signal_at:
+            self.reached.set()
+        return np.full(1 << 19 if i >= 8 else 4, float(i))
+
+
+@pytest.mark.timeout(60)
+def test_batches_finished_before_a_growth_that_cannot_fit_are_handed_out_first(monkeypatch):
+    """A growth refused for lack of shared memory breaks the loader, but the batches the worker had
+    finished before the batch that outgrew its slot come first: read in the same wait as its
+    ``TooSmall``, they were dropped when the error was raised at once (a flaky loss under load)."""
+    from shmloader.errors import ShmSpaceError
+    from shmloader.transport import shm_space
+
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 12 << 20)  # 1 MiB slots fit, 4 MiB ones not
+    reached = mp.get_context("fork").Event()
+    loader = shmloader.DataLoader(_SignalsAt(reached, signal_at=10), batch_size=2, num_workers=1, prefetch_factor=6,
+                                  multiprocessing_context="fork")
+    it = iter(loader)
+    real_wait = it._wait
+
+    def first_wait(started: float) -> None:  # the first next() sends tasks 0-5, then waits here
+        assert reached.wait(30)  # task 5 started: replies 0-3 (filled) and 4 (too small) are in the pipe
+        it._wait = real_wait
+        real_wait(started)
+
+    it._wait = first_wait
+    try:
+        got = []
+        with pytest.raises(ShmSpaceError):
+            for batch in it:
+                got.append(int(batch[0, 0]))
+        assert got == [0, 2, 4, 6]
+        assert it.closed
+    finally:
+        loader.close()

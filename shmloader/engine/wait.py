@@ -256,14 +256,20 @@ class WaitAndRecover:
     def _regrow(self, w: WorkerHandle, rec: TaskRecord, needed: int) -> None:
         """The batch did not fit: a larger slot for this task (and every later one), same worker.
 
-        The slot starts growing here; ``_grow`` reserves its bytes and sends the task again.
+        The slot starts growing here; ``_grow`` reserves its bytes and sends the task again. When
+        there is no room the loader is broken, but as with a death the error is raised at the next
+        wait: batches finished before this one, read in the same wait, are handed out first
+        (tests/test_growth_deep.py). The task stays with its worker meanwhile, its slot unchanged.
         """
-        self._slot_bytes = max(self._slot_bytes, page_round(int(needed * GROWTH)))
+        slot_bytes = max(self._slot_bytes, page_round(int(needed * GROWTH)))
         try:
-            self._plan.preflight(self._ring, self._slot_bytes, self._capacity() + CONSUMER_SLOTS)
-            self._growths.start(rec, self._slot_bytes)
-        except Exception as exc:  # no room: the loader is broken; shut it before raising
-            raise self._fail(exc)
+            self._plan.preflight(self._ring, slot_bytes, self._capacity() + CONSUMER_SLOTS)
+            self._growths.start(rec, slot_bytes)
+        except Exception as exc:  # no room
+            if self._fault is None:
+                self._fault = exc
+            return
+        self._slot_bytes = slot_bytes
         w.pop(rec.key)
 
     def _grow(self) -> None:
