@@ -54,17 +54,19 @@ class FaultingDataset:
     def __getitem__(self, index: int) -> np.ndarray:
         i = index % self.n
         code = (index // self.n) % len(FAULTS)
-        if code and get_worker_info() is not None and self._first_time(index):
+        if code and get_worker_info() is not None and first_time(self.marker_dir, index):
             _fault(FAULTS[code])
         return sample(i)
 
-    def _first_time(self, index: int) -> bool:
-        try:
-            fd = os.open(os.path.join(self.marker_dir, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            return False
-        os.close(fd)
-        return True
+
+def first_time(marker_dir: str, key: int) -> bool:
+    """True once per ``key`` across every process: the first caller makes its marker file."""
+    try:
+        fd = os.open(os.path.join(marker_dir, str(key)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
 
 
 def _fault(kind: str) -> None:
@@ -147,5 +149,7 @@ def verdict(ok: bool, text: str) -> None:
 
 
 def ignore_sigpipe() -> None:
+    """SIGPIPE's default action, as command-line tools set it (``| head`` ends them quietly): a
+    loader must then survive its workers' deaths all the same (tests/test_sigpipe.py)."""
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

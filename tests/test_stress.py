@@ -53,6 +53,14 @@ def test_soak_short() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_pieces_short(persistent: bool) -> None:
+    last, _ = run("resume.py", "--seconds", "15", *(["--persistent"] if persistent else []), timeout_s=110)
+    pieces = int(re.search(r"in (\d+) pieces", last).group(1))  # type: ignore[union-attr]
+    assert pieces >= 20 and "batches as uninterrupted" in last
+
+
+@pytest.mark.timeout(120)
 def test_shm_pressure() -> None:
     last, _ = run("shm_pressure.py", timeout_s=110)
     for scenario in ("preflight:", "growth:", "filled:"):
