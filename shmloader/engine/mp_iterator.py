@@ -3,7 +3,8 @@
 Runs in the main process. Owns the worker pool and the ledger (and through it the slot ring) of
 one loader — kept across epochs with ``persistent_workers`` — and nothing of the loader's: it is
 built from a frozen ``Plan``. A small state machine: running → exhausted (epoch over) | broken (a
-fault was raised; workers and ring are shut) | closed (``close()``: a later ``next()`` raises
+fault was raised; workers and ring are shut; a later ``next()`` raises ``LoaderError`` naming it,
+never a quiet end of the epoch) | closed (``close()``: a later ``next()`` raises
 ``LoaderClosed``). Each ``__next__`` runs these steps until a batch is due:
 
 1. ``dispatch``: while fewer than ``prefetch_factor`` × workers tasks are in the pipeline, take the
@@ -199,8 +200,12 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                            f"{os.getpid()} (forked from it): its workers and slots belong to that process. "
                            "Make a new DataLoader (or iterator) in this process.")
 
+    _broken_by = "an error"  # faults.first_line of the fault that broke the iterator (_fail)
+
     def _fail(self, exc: BaseException) -> BaseException:
-        """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``."""
+        """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``.
+        A later ``next()`` raises an error that names it (``faults.stopped_after``)."""
+        self._broken_by = faults.first_line(exc)
         self._state = IterState.BROKEN  # first: a Ctrl-C in the shutdown leaves it broken, not running
         self._shut(grace_s=_BROKEN_GRACE_S)
         return exc
@@ -216,6 +221,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         if self._state is IterState.CLOSED:
             raise self._closed_error()
         if self._state is not IterState.RUNNING:
+            if self._state is IterState.BROKEN:  # its batches died with its workers: never a quiet end
+                raise faults.stopped_after(type(self).__name__, self._broken_by)
             raise StopIteration
         started = self._started = time.monotonic()
         self._user_error: BaseException | None = None
