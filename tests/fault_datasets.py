@@ -19,6 +19,7 @@ import ctypes
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -118,6 +119,22 @@ class FaultyInit:
     def __call__(self, worker_id: int) -> None:
         if first_time(self.once_dir, f"init{worker_id}"):
             fault(self.how, "worker_init_fn")
+
+
+class Abort(BaseException):
+    """An exception that is not an ``Exception`` (as some libraries define for cancellation)."""
+
+
+class ExitingInit:
+    """A ``worker_init_fn`` that raises ``what`` (``sys.exit`` with a message, or :class:`Abort`)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __call__(self, worker_id: int) -> None:
+        if self.what == "exit":
+            sys.exit(f"no device for worker {worker_id}")
+        raise Abort(f"worker {worker_id} cancelled")
 
 
 class FaultyCollate:
