@@ -85,8 +85,8 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
     kernel may kill this worker when that thread ends (``_watch_parent``).
     """
+    _own_signals()
     _watch_parent(parent_pid, death_signal)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec = _load_spec(spec_or_blob)
         apply_worker_log_setup(spec.log_setup)  # before worker_init_fn, which may configure its own
@@ -99,6 +99,16 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
         worker.loop(tasks, parent_pid, os.getppid())
     finally:
         worker.detach_all()
+
+
+def _own_signals() -> None:
+    """Ctrl-C is the trainer's to handle (it then stops us): ignored. SIGTERM is how shutdown
+    stops a busy worker: its default action, whatever handler a forked worker inherited from the
+    trainer (a framework's, which checkpoints or signals the job's other processes: run here it
+    did that from a worker, and kept the worker alive until SIGKILL). ``worker_init_fn`` runs
+    later, so a dataset may still install its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,
