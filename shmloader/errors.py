@@ -337,6 +337,12 @@ def batch_rebuild_error(exc: BaseException, *, worker_id: int, pid: int | None, 
     return _same_kind(type(exc), msg)
 
 
+def retyped(exc: BaseException, msg: str) -> BaseException:
+    """``msg`` in an exception of ``exc``'s type (or its nearest base that takes one string), so
+    that an ``except`` written for the original still catches it; raise it ``from exc``."""
+    return _same_kind(type(exc), msg)
+
+
 def _same_kind(exc_type: type[BaseException] | None, msg: str) -> BaseException:
     """``exc_type(msg)``, or its nearest base that can be built from one string; RuntimeError when none."""
     for candidate in _exception_classes(exc_type):

@@ -137,6 +137,23 @@ class ExitingInit:
         raise Abort(f"worker {worker_id} cancelled")
 
 
+class HoldsALock:
+    """A dataset, ``collate_fn`` or ``worker_init_fn`` that cannot be pickled (it holds a lock, as one
+    holding an open file or a connection would): spawn and forkserver workers cannot receive it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return sample(i)
+
+    def __call__(self, arg: Any) -> Any:
+        return arg
+
+
 class FaultyCollate:
     """A ``collate_fn`` that faults with ``how`` on the batch holding sample ``at``."""
 
