@@ -147,3 +147,43 @@ def test_next_from_inside_a_hook_of_the_same_iterator_is_refused() -> None:
     with pytest.raises(LoaderError, match="inside"):
         next(it)
     loader.close()
+
+
+class BlocksOnFirstBatch:
+    """An observer whose hook blocks (a progress bar writing to a stalled pipe) on each iterator's
+    first batch until ``release`` is set; ``inside`` has one entry per hook that blocks now."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.inside: list[int] = []  # list.append is atomic: the hooks run in two threads
+
+    @hookimpl
+    def shmloader_batch_ready(self, task: int) -> None:
+        if task == 0:
+            self.inside.append(task)
+            self.release.wait(DEADLINE_S)
+
+
+@pytest.mark.timeout(60)
+def test_a_close_that_cannot_stop_one_iterator_still_stops_every_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loader.close()`` gave up at the first iterator whose ``next()`` did not return in time
+    (``LoaderError``) and never asked the loader's other iterators to stop: they ran on, their
+    workers with them. Now each is asked, then the first error is raised."""
+    from shmloader.engine import stepguard
+
+    monkeypatch.setattr(stepguard, "CLOSE_WAIT_S", 0.2)
+    plugin = BlocksOnFirstBatch()
+    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=1, plugins=[plugin])
+    its = [iter(loader), iter(loader)]
+    threads = [threading.Thread(target=next, args=(it,), daemon=True) for it in its]
+    for t in threads:
+        t.start()
+    _until(lambda: len(plugin.inside) == 2, "both iterators inside a blocking hook")
+    with pytest.raises(LoaderError, match="did not return within 0.2 s"):
+        loader.close()
+    plugin.release.set()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not any(t.is_alive() for t in threads)
+    assert [it.closed for it in its] == [True, True]  # each closed itself as its next() returned
+    assert _no_children()

@@ -38,7 +38,7 @@ from typing import Any
 from shmloader.engine import faults
 from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher, task_indices
 from shmloader.engine.growth import Growths
-from shmloader.engine.iterator import BaseIter, IterState
+from shmloader.engine.iterator import BaseIter, IterState, close_each
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
 from shmloader.engine.reorder import Reorder
@@ -68,8 +68,7 @@ _live: weakref.WeakSet[MultiProcessIter] = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
-    for it in list(_live):
-        it.close()
+    close_each(_live)
 
 
 class MultiProcessIter(WaitAndRecover, BaseIter):
