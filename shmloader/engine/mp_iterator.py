@@ -29,7 +29,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import pickle
 import time
 import traceback
 import weakref
@@ -54,7 +53,7 @@ from shmloader.errors import (
     rebuild_worker_exception,
 )
 from shmloader.owner import ProcessOwner
-from shmloader.transport import codec
+from shmloader.transport import codec, exc_types
 from shmloader.transport.messages import Detach, Failed, Reset
 from shmloader.transport.preflight import ring_slots
 from shmloader.transport.segment import page_round
@@ -372,13 +371,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
-        exc_type = None
-        if msg.exc_type is not None:
-            try:
-                exc_type = pickle.loads(msg.exc_type)
-            except Exception:
-                exc_type = None
-        return rebuild_worker_exception(exc_type, msg.type_name, msg.traceback, worker_id=worker_id,
+        return rebuild_worker_exception(exc_types.loads(msg.exc_type), msg.type_name, msg.traceback, worker_id=worker_id,
                                         pid=self._worker_pid(worker_id),
                                         task=None if rec is None else rec.task,
                                         indices=None if rec is None else rec.indices)

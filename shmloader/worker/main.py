@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import select
 import signal
 import sys
@@ -39,7 +38,7 @@ from shmloader.collate import collate, default_convert
 from shmloader.collate.context import SlotFull, heap_alloc
 from shmloader.collate.sizing import needed_bytes
 from shmloader.log import WorkerLogSetup, apply_worker_log_setup
-from shmloader.transport import codec, wire
+from shmloader.transport import codec, exc_types, wire
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
     Detach,
@@ -179,12 +178,8 @@ def _send(conn: Connection, msg: Any) -> None:
 
 def _failure(epoch: int, task: int | None, exc_info: Any) -> Failed:
     exc_type, exc, tb = exc_info
-    try:
-        pickled: bytes | None = pickle.dumps(exc_type)
-    except Exception:
-        pickled = None
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    return Failed(epoch, task, exc_type.__name__, pickled, text)
+    return Failed(epoch, task, exc_type.__name__, exc_types.dumps(exc_type), text)
 
 
 _QUIET: Any = object()  # no frame within the wait: time to check on the main process
