@@ -273,6 +273,21 @@ class KillingStream(IterableDataset):
             yield sample(i)
 
 
+class UnevenStream(IterableDataset):
+    """An iterable dataset sharded by worker whose worker 0 runs out after ``short`` samples (0, 2,
+    ...); the other workers' shares go on to ``n``."""
+
+    def __init__(self, n: int, short: int) -> None:
+        self.n, self.short = n, short
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        end = min(self.n, first + step * self.short) if first == 0 and info is not None else self.n
+        for i in range(first, end, step):
+            yield sample(i)
+
+
 class SigintParent(FaultyDataset):
     """Sample ``at`` sends SIGINT to the main process (as Ctrl-C would) and then hangs, so the main
     process is interrupted while it waits for that batch."""
