@@ -371,7 +371,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
-        return rebuild_worker_exception(exc_types.loads(msg.exc_type), msg.type_name, msg.traceback, worker_id=worker_id,
-                                        pid=self._worker_pid(worker_id),
+        return rebuild_worker_exception(exc_types.loads(msg.exc_type), msg.type_name, msg.traceback,
+                                        worker_id=worker_id, pid=self._worker_pid(worker_id),
                                         task=None if rec is None else rec.task,
                                         indices=None if rec is None else rec.indices)

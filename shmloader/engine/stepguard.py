@@ -116,8 +116,8 @@ class StepGuard:
     def close(self, shut: Callable[[], None]) -> None:
         """Take the iterator and run ``shut``, then give it back. From inside the thread's own
         ``next()`` (a hook, a signal handler), set the request and wake its poll: that ``next()``
-        runs its ``on_stop`` as it returns. Raises ``LoaderError`` if a ``next()`` in another thread does not return within
-        ``CLOSE_WAIT_S`` (it still closes the iterator when it does)."""
+        runs its ``on_stop`` as it returns. Raises ``LoaderError`` if a ``next()`` in another
+        thread does not return within ``CLOSE_WAIT_S`` (it still closes the iterator when it does)."""
         if self._held_here():
             self.stop_requested = True
             # a signal handler's close(): its next() may sit in a poll that only a worker would end
