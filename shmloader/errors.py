@@ -317,7 +317,9 @@ def rebuild_worker_exception(
     users' greps keep working, then names the pid, task and sample indices. The original type is
     kept when it can be built from one message string; otherwise the nearest base class that can
     (numpy's ``_ArrayMemoryError(shape, dtype)`` becomes a ``MemoryError``, so ``except
-    MemoryError`` still catches it); a RuntimeError carries the text when none can.
+    MemoryError`` still catches it); a RuntimeError carries the text when none can, and for a
+    ``BaseException`` that is no ``Exception`` (``sys.exit()`` in ``worker_init_fn``), which
+    would otherwise end the training process.
     """
     where = f"DataLoader worker process {worker_id}"
     facts = f" (pid {pid}" + (f", task {task}, sample indices {format_indices(indices)}" if task is not None else "") + ")"
@@ -335,6 +337,12 @@ def batch_rebuild_error(exc: BaseException, *, worker_id: int, pid: int | None, 
     return _same_kind(type(exc), msg)
 
 
+def retyped(exc: BaseException, msg: str) -> BaseException:
+    """``msg`` in an exception of ``exc``'s type (or its nearest base that takes one string), so
+    that an ``except`` written for the original still catches it; raise it ``from exc``."""
+    return _same_kind(type(exc), msg)
+
+
 def _same_kind(exc_type: type[BaseException] | None, msg: str) -> BaseException:
     """``exc_type(msg)``, or its nearest base that can be built from one string; RuntimeError when none."""
     for candidate in _exception_classes(exc_type):
@@ -346,11 +354,13 @@ def _same_kind(exc_type: type[BaseException] | None, msg: str) -> BaseException:
 
 
 def _exception_classes(exc_type: type[BaseException] | None) -> list[type[BaseException]]:
-    """``exc_type`` then its exception bases, nearest first, short of Exception/BaseException."""
-    if exc_type is None or not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+    """``exc_type`` then its exception bases, nearest first, short of Exception. Only ``Exception``
+    subclasses: a worker's ``SystemExit``, ``KeyboardInterrupt`` or other ``BaseException`` (a
+    ``sys.exit()`` in ``worker_init_fn``) rebuilt as itself would end the training process, past
+    its ``except Exception``; it becomes a RuntimeError carrying its name and traceback."""
+    if exc_type is None or not (isinstance(exc_type, type) and issubclass(exc_type, Exception)):
         return []
-    return [c for c in exc_type.__mro__
-            if issubclass(c, BaseException) and c not in (Exception, BaseException)]
+    return [c for c in exc_type.__mro__ if issubclass(c, Exception) and c is not Exception]
 
 
 class _KeyErrorMessage(str):

@@ -32,7 +32,7 @@ from shmloader._generators import seed_stream
 from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
-from shmloader.engine.iterator import BaseIter, SingleProcessIter
+from shmloader.engine.iterator import BaseIter, SingleProcessIter, close_each
 from shmloader.engine.plan import Plan
 from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
@@ -254,12 +254,15 @@ class DataLoader(Generic[T_co]):
         """Stop everything this loader started: every worker of every iterator it handed out
         (persistent or not) and every segment of their rings. Batches you hold stay valid; a
         ``next()`` on any of those iterators raises ``LoaderClosed``; ``iter(loader)`` starts
-        afresh. A no-op in a process that inherited the loader (a forked worker)."""
+        afresh. A no-op in a process that inherited the loader (a forked worker). If one iterator
+        cannot be closed now (``LoaderError``: its ``next()`` in another thread did not return in
+        time), the others are closed all the same, then that error is raised."""
         if not self._creator.here:
             return
-        for it in list(self._live):
-            it.close()
-        self._iterator = None
+        try:
+            close_each(self._live)  # every one, whatever one raises; then its error
+        finally:
+            self._iterator = None
 
     def __enter__(self) -> DataLoader[T_co]:
         return self

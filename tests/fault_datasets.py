@@ -19,6 +19,7 @@ import ctypes
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -118,6 +119,39 @@ class FaultyInit:
     def __call__(self, worker_id: int) -> None:
         if first_time(self.once_dir, f"init{worker_id}"):
             fault(self.how, "worker_init_fn")
+
+
+class Abort(BaseException):
+    """An exception that is not an ``Exception`` (as some libraries define for cancellation)."""
+
+
+class ExitingInit:
+    """A ``worker_init_fn`` that raises ``what`` (``sys.exit`` with a message, or :class:`Abort`)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __call__(self, worker_id: int) -> None:
+        if self.what == "exit":
+            sys.exit(f"no device for worker {worker_id}")
+        raise Abort(f"worker {worker_id} cancelled")
+
+
+class HoldsALock:
+    """A dataset, ``collate_fn`` or ``worker_init_fn`` that cannot be pickled (it holds a lock, as one
+    holding an open file or a connection would): spawn and forkserver workers cannot receive it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return sample(i)
+
+    def __call__(self, arg: Any) -> Any:
+        return arg
 
 
 class FaultyCollate:
@@ -236,6 +270,21 @@ class KillingStream(IterableDataset):
         for i in range(first, self.n, step):
             if i == self.at and info is not None:
                 os.kill(os.getpid(), signal.SIGKILL)
+            yield sample(i)
+
+
+class UnevenStream(IterableDataset):
+    """An iterable dataset sharded by worker whose worker 0 runs out after ``short`` samples (0, 2,
+    ...); the other workers' shares go on to ``n``."""
+
+    def __init__(self, n: int, short: int) -> None:
+        self.n, self.short = n, short
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        end = min(self.n, first + step * self.short) if first == 0 and info is not None else self.n
+        for i in range(first, end, step):
             yield sample(i)
 
 

@@ -5,12 +5,16 @@ tear the workers, pipes and ring down under that ``next()``: it then waited fore
 on pipes that no longer existed (nothing would ever wake it), or failed deep inside with a
 ``ZeroDivisionError`` (no workers left to deal a task to). Now the thread inside ``next()`` owns
 the iterator until it returns: ``close()`` from another thread wakes it and waits for it to stop,
-and ``next()`` then raises ``LoaderClosed``. Each test bounds every wait; the threads are daemons,
-so a regression fails here instead of keeping the session alive.
+and ``next()`` then raises ``LoaderClosed``. Also here: ``close()`` from a signal handler on the
+thread inside ``next()``, and a ``loader.close()`` that cannot stop one of its iterators in time.
+Each test bounds every wait; the threads are daemons, so a regression fails here instead of
+keeping the session alive.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -147,3 +151,75 @@ def test_next_from_inside_a_hook_of_the_same_iterator_is_refused() -> None:
     with pytest.raises(LoaderError, match="inside"):
         next(it)
     loader.close()
+
+
+class BlocksOnFirstBatch:
+    """An observer whose hook blocks (a progress bar writing to a stalled pipe) on each iterator's
+    first batch until ``release`` is set; ``inside`` has one entry per hook that blocks now."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.inside: list[int] = []  # list.append is atomic: the hooks run in two threads
+
+    @hookimpl
+    def shmloader_batch_ready(self, task: int) -> None:
+        if task == 0:
+            self.inside.append(task)
+            self.release.wait(DEADLINE_S)
+
+
+@pytest.mark.timeout(60)
+def test_a_close_that_cannot_stop_one_iterator_still_stops_every_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loader.close()`` gave up at the first iterator whose ``next()`` did not return in time
+    (``LoaderError``) and never asked the loader's other iterators to stop: they ran on, their
+    workers with them. Now each is asked, then the first error is raised."""
+    from shmloader.engine import stepguard
+
+    monkeypatch.setattr(stepguard, "CLOSE_WAIT_S", 0.2)
+    plugin = BlocksOnFirstBatch()
+    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=1, plugins=[plugin])
+    its = [iter(loader), iter(loader)]
+    threads = [threading.Thread(target=next, args=(it,), daemon=True) for it in its]
+    for t in threads:
+        t.start()
+    _until(lambda: len(plugin.inside) == 2, "both iterators inside a blocking hook")
+    with pytest.raises(LoaderError, match="did not return within 0.2 s"):
+        loader.close()
+    plugin.release.set()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not any(t.is_alive() for t in threads)
+    assert [it.closed for it in its] == [True, True]  # each closed itself as its next() returned
+    assert _no_children()
+
+
+@pytest.mark.timeout(60)
+def test_close_from_a_signal_handler_while_next_waits_on_a_hung_worker() -> None:
+    """A SIGTERM handler (preemption) that calls ``loader.close()`` runs on the thread inside
+    ``next()``: close() could only leave a request there, and the poll, resumed after the handler,
+    waited on for a batch that a hung worker never sent. Now the request also wakes the poll:
+    that ``next()`` raises ``LoaderClosed`` at once."""
+    loader, it = _started(fd.FaultyDataset(16, "getitem", "hang", at=0))
+    main = threading.current_thread()
+    rescued: list[bool] = []
+
+    def signal_main_thread() -> None:
+        _until(lambda: _in_wait(main), "next() waiting for the hung worker")
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 5.0  # bounded: a regression fails below instead of hanging
+        while _in_wait(main) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if _in_wait(main):
+            rescued.append(True)
+            it.close()  # from this thread, which wakes the poll: the test ends, and fails
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: loader.close())
+    helper = threading.Thread(target=signal_main_thread, daemon=True)
+    try:
+        helper.start()
+        _assert_refused(it)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        helper.join(DEADLINE_S)
+    assert rescued == [], "next() went on waiting after close() in a signal handler"
+    assert _no_children()

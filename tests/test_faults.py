@@ -324,3 +324,21 @@ def test_growth_past_the_budget_breaks_the_loader_cleanly(monkeypatch: pytest.Mo
             got.append(int(batch[0, 0]))
     assert got == [0, 2, 4, 6]  # every batch before the growth, intact
     assert it.closed and multiprocessing.active_children() == []  # shut at once, not at garbage collection
+
+
+@pytest.mark.parametrize("method", [m for m in ("spawn", "forkserver") if m in multiprocessing.get_all_start_methods()])
+@pytest.mark.parametrize("argument", ["dataset", "collate_fn", "worker_init_fn"])
+def test_what_a_spawned_worker_cannot_receive_is_named(method: str, argument: str) -> None:
+    """Under spawn and forkserver the dataset, collate_fn and worker_init_fn are pickled for the
+    workers; one that does not pickle used to be pickle's bare ``TypeError: cannot pickle
+    '_thread.lock' object``, naming none of them. Its type is kept."""
+    kw: dict[str, Any] = {"dataset": fd.FaultyDataset(8), argument: fd.HoldsALock()}
+    loader = DataLoader(batch_size=2, num_workers=1, multiprocessing_context=method, **kw)
+    with pytest.raises(TypeError) as info:
+        iter(loader)
+    assert str(info.value).startswith(f"the {argument} (HoldsALock) cannot be pickled, as the {method!r} start "
+                                      "method needs to send it to each worker: TypeError: cannot pickle "
+                                      "'_thread.lock' object.")
+    assert "multiprocessing_context='fork'" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError)
+    assert multiprocessing.active_children() == []

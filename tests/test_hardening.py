@@ -6,6 +6,8 @@
   ``Segment.create`` are unit-tested with the segments, in tests/test_transport.py.)
 - A worker's ``MemoryError`` (numpy's, which takes no message) keeps its type; float sample
   indices print as they are; the torch flavour refuses negative strides as torch does.
+- A ``sys.exit()`` (any ``BaseException`` that is no ``Exception``) in ``worker_init_fn`` comes
+  back as a ``RuntimeError``, never as a ``SystemExit`` that ends the training process.
 
 The leak guard of conftest.py checks after each test that no process and no segment remain.
 """
@@ -17,6 +19,7 @@ import gc
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -236,6 +239,23 @@ def test_a_type_that_takes_no_message_falls_back_to_its_nearest_base() -> None:
     assert type(made) is KeyError and str(made).startswith("Caught NeedsTwo in DataLoader worker process 1")
     made = rebuild_worker_exception(fd.Boom, "Boom", "Traceback ...", worker_id=1, pid=9, task=None, indices=None)
     assert type(made) is fd.Boom
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("what", ["exit", "abort"])
+def test_a_worker_init_fn_that_exits_is_a_runtime_error_not_an_exit_of_the_trainer(method: str, what: str) -> None:
+    """``sys.exit()`` (or any ``BaseException`` that is not an ``Exception``) in ``worker_init_fn``
+    used to come back as that type: a ``SystemExit`` ended the training process, past every
+    ``except Exception`` of its loop. It comes back as a ``RuntimeError`` with torch's words."""
+    loader = DataLoader(range(8), batch_size=2, num_workers=1, worker_init_fn=fd.ExitingInit(what),
+                        multiprocessing_context=method)
+    with pytest.raises(Exception) as info:  # a SystemExit or Abort escapes this, and fails the test
+        list(loader)
+    name, text = ("SystemExit", "no device for worker 0") if what == "exit" else ("Abort", "worker 0 cancelled")
+    assert type(info.value) is RuntimeError
+    assert re.match(rf"Caught {name} in DataLoader worker process 0 \(pid \d+\)\.", str(info.value))
+    assert text in str(info.value)
 
 
 def test_indices_print_as_they_are() -> None:

@@ -12,7 +12,9 @@ task.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from typing import Any
 
 import fault_datasets as fd
 import numpy as np
+import psutil
 import pytest
 
 from shmloader import DataLoader, PoisonTask, RestartBudgetExceeded, WorkerDied
@@ -213,6 +216,36 @@ def test_iterable_dataset_cannot_restart(method: str) -> None:
     assert exc.worker_id == 1 and exc.signal == 9
     assert "(iterable dataset: no sample indices)" in str(exc)
     assert "cannot be restarted, even with on_worker_death='restart'" in str(exc)
+
+
+def _until_exited(pid: int, deadline_s: float = 10.0) -> None:
+    """Poll (bounded) until child ``pid`` has exited, without reaping it: another process's exit, not
+    a sleep standing in for synchronisation."""
+    deadline = time.monotonic() + deadline_s
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"worker {pid} still alive {deadline_s} s after SIGKILL"
+        time.sleep(0.001)
+
+
+@pytest.mark.timeout(60)
+def test_an_iterable_worker_whose_share_had_ended_is_replaced_not_fatal() -> None:
+    """A worker of an IterableDataset that had reported the end of its share holds no position in
+    the stream: its death loses nothing, yet it ended the epoch with WorkerDied under the restart
+    policy. It is replaced (and takes no task until the next epoch); every batch arrives once."""
+    loader = DataLoader(fd.UnevenStream(80, short=2), batch_size=2, num_workers=2, multiprocessing_context="fork",
+                        on_worker_death="restart")
+    it = iter(loader)
+    firsts, killed = [], None
+    for batch in it:
+        firsts += (batch[:, 0] // 10).tolist()
+        w0 = it._pool.workers[0]
+        if killed is None and w0.exhausted and not w0.outstanding:  # its share has ended, and it knows
+            killed = w0.pid
+            os.kill(killed, signal.SIGKILL)
+            _until_exited(killed)  # so a wait for one of worker 1's later batches sees it
+    assert killed is not None
+    assert sorted(firsts) == sorted([0, 2, *range(1, 80, 2)])  # each sample once
+    assert loader.stats()["worker_restarts"] == 1
 
 
 @pytest.mark.timeout(60)

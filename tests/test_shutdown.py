@@ -125,6 +125,37 @@ def test_keyboard_interrupt_while_waiting() -> None:
     assert_clean()
 
 
+class NotesSigterm:
+    """A trainer's SIGTERM handler (a framework's, checkpointing on preemption): it notes every
+    process it runs in, as a file named after the pid."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        open(os.path.join(self.directory, str(os.getpid())), "w").close()
+
+
+@pytest.mark.timeout(30)
+def test_the_trainers_sigterm_handler_never_runs_in_a_worker_stopped_at_shutdown(tmp_path: Any) -> None:
+    """A forked worker inherited the trainer's SIGTERM handler: the SIGTERM that stops a busy
+    worker at shutdown ran the trainer's code in the worker (a framework's handler signals the
+    job's other processes), and the worker, still alive, held the shutdown up until SIGKILL."""
+    previous = signal.signal(signal.SIGTERM, NotesSigterm(str(tmp_path)))
+    try:
+        loader = DataLoader(fd.FaultyDataset(16, "getitem", "hang", at=4), batch_size=2, num_workers=1,
+                            multiprocessing_context="fork")
+        it = iter(loader)
+        next(it), next(it)  # the worker now hangs on task 2 (sample 4): only a signal stops it
+        handles = list(it._pool.workers)
+        loader.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.listdir(tmp_path) == []
+    assert [h.process.exitcode for h in handles] == [-signal.SIGTERM]
+    assert_clean()
+
+
 @pytest.mark.timeout(30)
 def test_broken_loader_can_iterate_again() -> None:
     loader = DataLoader(fd.FaultyDataset(8, "getitem", "kill", at=2), batch_size=2, num_workers=1,

@@ -44,6 +44,15 @@ SCRIPT = textwrap.dedent('''
         def __getitem__(self, i):
             return Pair(np.float32(i), i)
 
+    class BadSample(ValueError):  # raised in a worker: the caller's `except BadSample` must catch it
+        pass
+
+    class Flaky(Samples):
+        def __getitem__(self, i):
+            if i == 2:
+                raise BadSample(f"sample {i} is bad")
+            return super().__getitem__(i)
+
     def to_batch(samples):  # 1 MiB of heap memory, copied into the slot once a 4 KiB one was too small
         return Batch(np.repeat(np.array([s.x for s in samples], dtype=np.float64)[:, None], 65536, 1), len(samples))
 
@@ -62,7 +71,14 @@ SCRIPT = textwrap.dedent('''
         SCALE = 10
         kw = dict(batch_size=2, num_workers=1, multiprocessing_context=ctx, timeout=60)
         out = {}
-        if which == "local":
+        if which == "error":
+            try:
+                list(DataLoader(Flaky(), **kw))
+            except BadSample as exc:
+                out["error"] = ["BadSample", str(exc).splitlines()[0]]
+            except Exception as exc:
+                out["error"] = [type(exc).__name__, str(exc).splitlines()[0]]
+        elif which == "local":
             try:
                 list(DataLoader(Samples(), collate_fn=to_local, **kw))
             except Exception as exc:
@@ -125,3 +141,16 @@ def test_a_batch_class_no_process_can_name_still_fails_per_task(tmp_path: Path, 
     assert name in ("AttributeError", "PicklingError")  # "Can't pickle local object" (3.14: PicklingError)
     assert text.startswith(f"Caught {name} in DataLoader worker process 0 (pid ")
     assert "task 0, sample indices [0..1]" in text and "to_local.<locals>.Local" in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("as_file", [True, False], ids=["file", "no-file"])
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_an_exception_class_of_the_main_script_comes_back_as_itself(tmp_path: Path, ctx: str, as_file: bool) -> None:
+    """A worker raised the main script's own exception class, which reached it by value: pickle
+    refused to name it ("not the same object as __main__.BadSample"), and the caller got a
+    RuntimeError that its ``except BadSample`` (or ``except ValueError``) did not catch."""
+    name, first = _run(tmp_path, ctx, "numpy", "error", as_file=as_file)["error"]
+    assert name == "BadSample"
+    assert first.startswith("Caught BadSample in DataLoader worker process 0 (pid ")
+    assert first.endswith(", task 1, sample indices [2..3]).")

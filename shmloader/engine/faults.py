@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from shmloader.errors import (
+    LoaderError,
     PoisonTask,
     RestartBudgetExceeded,
     WorkerDied,
@@ -253,6 +254,21 @@ def hung(worker_id: int, pid: int | None, task: int, indices: Any,
               "(SHMLOADER_TASK_TIMEOUT_S).")
     msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL. {advice}"
     return WorkerHung(msg, timeout_s=deadline_s, tasks={task: plain_indices(indices)}, worker_id=worker_id, pid=pid)
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a later error says of ``exc`` without holding it
+    (an exception keeps its traceback, and the traceback the frames that may view a slot)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def stopped_after(iterator: str, cause: str) -> LoaderError:
+    """``next()`` on an iterator that a fault shut down: never a quiet end of the epoch, whose
+    batches not handed out were lost with the workers. ``cause`` is :func:`first_line` of the fault."""
+    return LoaderError(f"this {iterator} stopped at an earlier error ({cause}) and shut its workers down: the "
+                       "batches of this epoch it had not handed out were not loaded. Start a new epoch with "
+                       "iter(loader).")
 
 
 _OOM_KILLS_AT_START = _cgroup_oom_kills()

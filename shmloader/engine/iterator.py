@@ -18,7 +18,7 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +176,20 @@ class BaseIter:
     def _closed_error(self) -> LoaderClosed:
         return LoaderClosed(f"this {type(self).__name__} was stopped by close() (the loader's or its own): "
                             "start a new epoch with iter(loader)")
+
+
+def close_each(iterators: Iterable[BaseIter]) -> None:
+    """Close every one of ``iterators`` whatever one of them raises (a ``next()`` in another thread
+    that does not return in time, a pin backend's error, a Ctrl-C), then raise the first error:
+    a close that gave up at the first left the others, and their workers, running."""
+    error: BaseException | None = None
+    for it in list(iterators):
+        try:
+            it.close()
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 class SingleProcessIter(BaseIter):

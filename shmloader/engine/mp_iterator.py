@@ -3,7 +3,8 @@
 Runs in the main process. Owns the worker pool and the ledger (and through it the slot ring) of
 one loader — kept across epochs with ``persistent_workers`` — and nothing of the loader's: it is
 built from a frozen ``Plan``. A small state machine: running → exhausted (epoch over) | broken (a
-fault was raised; workers and ring are shut) | closed (``close()``: a later ``next()`` raises
+fault was raised; workers and ring are shut; a later ``next()`` raises ``LoaderError`` naming it,
+never a quiet end of the epoch) | closed (``close()``: a later ``next()`` raises
 ``LoaderClosed``). Each ``__next__`` runs these steps until a batch is due:
 
 1. ``dispatch``: while fewer than ``prefetch_factor`` × workers tasks are in the pipeline, take the
@@ -28,7 +29,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import pickle
 import time
 import traceback
 import weakref
@@ -37,7 +37,7 @@ from typing import Any
 from shmloader.engine import faults
 from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher, task_indices
 from shmloader.engine.growth import Growths
-from shmloader.engine.iterator import BaseIter, IterState
+from shmloader.engine.iterator import BaseIter, IterState, close_each
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
 from shmloader.engine.reorder import Reorder
@@ -53,7 +53,7 @@ from shmloader.errors import (
     rebuild_worker_exception,
 )
 from shmloader.owner import ProcessOwner
-from shmloader.transport import codec
+from shmloader.transport import codec, exc_types
 from shmloader.transport.messages import Detach, Failed, Reset
 from shmloader.transport.preflight import ring_slots
 from shmloader.transport.segment import page_round
@@ -67,8 +67,7 @@ _live: weakref.WeakSet[MultiProcessIter] = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
-    for it in list(_live):
-        it.close()
+    close_each(_live)
 
 
 class MultiProcessIter(WaitAndRecover, BaseIter):
@@ -199,8 +198,12 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                            f"{os.getpid()} (forked from it): its workers and slots belong to that process. "
                            "Make a new DataLoader (or iterator) in this process.")
 
+    _broken_by = "an error"  # faults.first_line of the fault that broke the iterator (_fail)
+
     def _fail(self, exc: BaseException) -> BaseException:
-        """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``."""
+        """Shut down (briefly: a broken loader's workers may be hung) and mark broken; returns ``exc``.
+        A later ``next()`` raises an error that names it (``faults.stopped_after``)."""
+        self._broken_by = faults.first_line(exc)
         self._state = IterState.BROKEN  # first: a Ctrl-C in the shutdown leaves it broken, not running
         self._shut(grace_s=_BROKEN_GRACE_S)
         return exc
@@ -216,6 +219,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         if self._state is IterState.CLOSED:
             raise self._closed_error()
         if self._state is not IterState.RUNNING:
+            if self._state is IterState.BROKEN:  # its batches died with its workers: never a quiet end
+                raise faults.stopped_after(type(self).__name__, self._broken_by)
             raise StopIteration
         started = self._started = time.monotonic()
         self._user_error: BaseException | None = None
@@ -366,13 +371,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
-        exc_type = None
-        if msg.exc_type is not None:
-            try:
-                exc_type = pickle.loads(msg.exc_type)
-            except Exception:
-                exc_type = None
-        return rebuild_worker_exception(exc_type, msg.type_name, msg.traceback, worker_id=worker_id,
-                                        pid=self._worker_pid(worker_id),
+        return rebuild_worker_exception(exc_types.loads(msg.exc_type), msg.type_name, msg.traceback,
+                                        worker_id=worker_id, pid=self._worker_pid(worker_id),
                                         task=None if rec is None else rec.task,
                                         indices=None if rec is None else rec.indices)

@@ -15,8 +15,10 @@ returns, by construction:
 - ``close`` is how a closer gets the iterator: at once when no ``next()`` runs; otherwise it sets
   the stop request, wakes the poll, and waits (bounded) for that ``next()`` to return, which it
   does at its next check, raising ``LoaderClosed``. From inside that ``next()`` (a hook, a signal
-  handler on the same thread) it only sets the request: the ``next()`` closes the iterator as it
-  returns;
+  handler on the same thread) it sets the request and wakes the poll without waiting: the
+  ``next()`` closes the iterator as it returns, with its batch when it has one, else at once
+  with ``LoaderClosed`` (a signal handler's close() used to leave the poll it interrupted to wait
+  on for a batch, forever when the worker hung);
 - the wake-up pipe is written only while it is open, under its own lock, so a late wake-up can
   never land on a file descriptor number the process has since reused.
 
@@ -113,11 +115,13 @@ class StepGuard:
     # -- a closer ------------------------------------------------------------------------------
     def close(self, shut: Callable[[], None]) -> None:
         """Take the iterator and run ``shut``, then give it back. From inside the thread's own
-        ``next()`` (a hook), only set the request: that ``next()`` runs its ``on_stop`` as it
-        returns. Raises ``LoaderError`` if a ``next()`` in another thread does not return within
-        ``CLOSE_WAIT_S`` (it still closes the iterator when it does)."""
+        ``next()`` (a hook, a signal handler), set the request and wake its poll: that ``next()``
+        runs its ``on_stop`` as it returns. Raises ``LoaderError`` if a ``next()`` in another
+        thread does not return within ``CLOSE_WAIT_S`` (it still closes the iterator when it does)."""
         if self._held_here():
             self.stop_requested = True
+            # a signal handler's close(): its next() may sit in a poll that only a worker would end
+            self._wake(blocking=False)
             return
         lock = self._lock
         try:
@@ -142,13 +146,20 @@ class StepGuard:
                           f"within {CLOSE_WAIT_S:g} s of being asked to stop (a plugin hook that blocks?); "
                           "the iterator closes itself when that next() returns")
 
-    def _wake(self) -> None:
-        with self._pipe_lock:
+    def _wake(self, blocking: bool = True) -> None:
+        """Make the iterator's poll return. ``blocking=False`` on the stepping thread itself (a
+        signal handler may run while that thread holds the pipe's lock): a wake-up under way, or a
+        pipe being closed, makes this one needless."""
+        if not self._pipe_lock.acquire(blocking):
+            return
+        try:
             if self._wake_w >= 0:
                 try:
                     os.write(self._wake_w, b"\0")
                 except BlockingIOError:
                     pass  # the pipe is full of wake-ups already
+        finally:
+            self._pipe_lock.release()
 
     def close_pipe(self) -> None:
         """Close the wake-up pipe (the iterator is shut; nothing polls it any more)."""

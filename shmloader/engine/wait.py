@@ -341,7 +341,9 @@ class WaitAndRecover:
         self._restarts += 1
         fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
                                                                          starting=starting, exitcode=exitcode)
-        self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=self._iterable,
+        # an iterable worker whose share had ended holds no position in the stream: replaceable
+        lost_position = self._iterable and not w.exhausted
+        self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
                                          start_method=self._plan.context.get_start_method())
@@ -352,9 +354,13 @@ class WaitAndRecover:
         """Start a successor under the same id and re-send, in order, every task the dead one held."""
         keys = list(w.outstanding)
         new = self._pool.replace(w.id)
+        new.exhausted = w.exhausted  # an iterable worker's ended share stays ended until the next epoch
         for rec in self._ledger.records(keys):
             if rec.epoch != self._epoch:
                 self._ledger.release(rec)  # an abandoned epoch's task: not worth running again
+            elif new.exhausted:  # what its reply would have been: Exhausted (worker.fetch)
+                self._ledger.release(rec)
+                self._reorder.skip(rec.task)
             else:
                 self._send(new, rec)
         self._observe(self._plan.events.worker_restarted, new.id, new.pid, w.pid)  # its tasks are sent first

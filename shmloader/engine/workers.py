@@ -42,6 +42,7 @@ from typing import Any
 
 from shmloader.log import logger
 from shmloader import owner
+from shmloader.engine.payload import pickled_spec
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
 
@@ -181,12 +182,8 @@ class WorkerPool:
         method = ctx.get_start_method()
         self._fork = method == "fork"
         self._forkserver = method == "forkserver"
-        if self._fork:
-            self._payload: Any = spec
-        else:
-            import cloudpickle
-
-            self._payload = cloudpickle.dumps(spec)
+        # under fork a worker inherits the spec; otherwise it is pickled once here, for every start
+        self._payload: Any = spec if self._fork else pickled_spec(spec, method)
         self.workers: list[WorkerHandle] = []
         self.backlog: set[WorkerHandle] = set()  # workers whose outbox holds bytes not yet written
         self.generation = 0  # changes whenever ``workers`` does: a poll set over them is rebuilt

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import select
 import signal
 import sys
@@ -39,7 +38,7 @@ from shmloader.collate import collate, default_convert
 from shmloader.collate.context import SlotFull, heap_alloc
 from shmloader.collate.sizing import needed_bytes
 from shmloader.log import WorkerLogSetup, apply_worker_log_setup
-from shmloader.transport import codec, wire
+from shmloader.transport import codec, exc_types, wire
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
     Detach,
@@ -85,8 +84,8 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
     kernel may kill this worker when that thread ends (``_watch_parent``).
     """
+    _own_signals()
     _watch_parent(parent_pid, death_signal)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec = _load_spec(spec_or_blob)
         apply_worker_log_setup(spec.log_setup)  # before worker_init_fn, which may configure its own
@@ -99,6 +98,16 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
         worker.loop(tasks, parent_pid, os.getppid())
     finally:
         worker.detach_all()
+
+
+def _own_signals() -> None:
+    """Ctrl-C is the trainer's to handle (it then stops us): ignored. SIGTERM is how shutdown
+    stops a busy worker: its default action, whatever handler a forked worker inherited from the
+    trainer (a framework's, which checkpoints or signals the job's other processes: run here it
+    did that from a worker, and kept the worker alive until SIGKILL). ``worker_init_fn`` runs
+    later, so a dataset may still install its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,
@@ -169,12 +178,8 @@ def _send(conn: Connection, msg: Any) -> None:
 
 def _failure(epoch: int, task: int | None, exc_info: Any) -> Failed:
     exc_type, exc, tb = exc_info
-    try:
-        pickled: bytes | None = pickle.dumps(exc_type)
-    except Exception:
-        pickled = None
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    return Failed(epoch, task, exc_type.__name__, pickled, text)
+    return Failed(epoch, task, exc_type.__name__, exc_types.dumps(exc_type), text)
 
 
 _QUIET: Any = object()  # no frame within the wait: time to check on the main process

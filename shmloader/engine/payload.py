@@ -1,0 +1,52 @@
+"""The worker spec as spawn and forkserver workers receive it: cloudpickled, once per pool.
+
+Owns nothing; runs in the main process. Promises: the bytes that each such worker unpickles, or,
+when a part of the spec does not pickle, an error of the same type that names the loader argument
+it came from (``dataset``, ``collate_fn``, ``worker_init_fn``, a plugin's collate rules) and the
+start method, with pickle's own error as its ``__cause__``. pickle's bare ``TypeError: cannot pickle
+'_thread.lock' object`` named none of them (an open file, a lock or a connection in a dataset is
+the usual cause, and the usual surprise where spawn is the default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shmloader.errors import retyped
+from shmloader.worker.main import WorkerSpec
+
+# spec field -> the loader argument it comes from, in the order they are tried
+_ARGUMENTS = {"dataset": "dataset", "collate_fn": "collate_fn", "worker_init_fn": "worker_init_fn",
+              "collate_rules": "plugins' collate rules"}
+
+
+def pickled_spec(spec: WorkerSpec, start_method: str) -> bytes:
+    """``cloudpickle.dumps(spec)``; a failure names the argument that does not pickle."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise _unpicklable(spec, start_method, exc) from exc
+
+
+def _unpicklable(spec: WorkerSpec, start_method: str, exc: Exception) -> BaseException:
+    """``exc``, retyped with a message that names the first argument that does not pickle."""
+    import cloudpickle
+
+    argument, value = "worker spec", spec
+    for field, name in _ARGUMENTS.items():
+        part = getattr(spec, field)
+        try:
+            cloudpickle.dumps(part)
+        except Exception:
+            argument, value = name, part
+            break
+    return retyped(exc, f"the {argument} ({_type_name(value)}) cannot be pickled, as the {start_method!r} start "
+                        f"method needs to send it to each worker: {type(exc).__name__}: {exc}. Make it picklable "
+                        "(open files, locks and connections in worker_init_fn or on first use, or leave them out "
+                        "in __getstate__), or use multiprocessing_context='fork'.")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__qualname__
