@@ -112,11 +112,18 @@ class _Encoder(pickle.Pickler):
         lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
         offset = self.alloc.offset_of(address + lo, hi - lo) if arr.size else None
         if offset is None:
-            dst = self.alloc(arr.shape, arr.dtype)
+            dst = self._copy_target(arr)
             np.copyto(dst, arr, casting="no")
             offset = dst.__array_interface__["data"][0] - self.alloc.base_address
             return ("a", offset, dst.dtype, dst.shape, dst.strides)
         return ("a", offset - lo, arr.dtype, arr.shape, arr.strides)
+
+    def _copy_target(self, arr: np.ndarray) -> np.ndarray:
+        """Slot memory for a copy of ``arr`` in the order pickle keeps (so torch's workers and the
+        main process have it): Fortran for a Fortran-ordered array, else C."""
+        if arr.flags.f_contiguous and not arr.flags.c_contiguous:
+            return self.alloc(arr.shape[::-1], arr.dtype).T
+        return self.alloc(arr.shape, arr.dtype)
 
     def _tensor(self, t: Any) -> tuple:
         nbytes = t.numel() * t.element_size()
