@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import shmloader
+from shmloader.collate import register_collate_rule, unregister_collate_rule
 
 
 class Indices:
@@ -50,3 +51,47 @@ def test_fortran_ordered_arrays_keep_their_order() -> None:
         for a, b in zip(r, g):
             _assert_same_array(a, b)
         assert g[0].flags.f_contiguous and g[1].flags.f_contiguous
+
+
+# --------------------------------------------------------------- what a collate rule returns
+
+class Item:
+    """A sample type that only a registered collate rule knows."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+
+class Items(Indices):
+    def __getitem__(self, i: int) -> Item:
+        return Item(i)
+
+
+def _in_slot_values(batch: list[Item], ctx: Any, dtype: Any = np.int64) -> np.ndarray:
+    out = ctx.alloc((len(batch),), np.dtype(dtype))
+    out[:] = [item.v for item in batch]
+    return out
+
+
+def repeated_rule(batch: list[Item], ctx: Any) -> list[np.ndarray]:
+    out = _in_slot_values(batch, ctx)
+    return [out, out, out[::-1]]
+
+
+@pytest.fixture
+def rule(request: pytest.FixtureRequest) -> Any:
+    register_collate_rule(Item, request.param)
+    yield request.param
+    unregister_collate_rule(Item)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rule", [repeated_rule], indirect=True)
+def test_an_in_slot_array_held_twice_arrives_as_one_object(rule: Any) -> None:
+    """A list of in-slot arrays (the flat descriptor) that holds one array twice arrived as two
+    objects; pickle, the in-process batch and torch's workers give one."""
+    ref, got = _both(None, Items())
+    for r, g in zip(ref, got):
+        assert r[0] is r[1] and g[0] is g[1] and g[0] is not g[2]
+        for a, b in zip(r, g):
+            _assert_same_array(a, b)

@@ -178,12 +178,19 @@ def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
     """The flat descriptor of a list/tuple of plain ndarrays that all live in the slot, and their
     bytes; else None. A C-contiguous array (what the collate step writes) spans exactly its
     ``nbytes`` from its first element, so its extent is not computed (issue 16: a worker's
-    per-batch cost)."""
+    per-batch cost).
+
+    Collate allocates a batch's arrays in order, so their regions start at increasing offsets.
+    Only an array that starts no later than one before it can be one the batch holds again, which
+    must arrive as one object (pickle's memo, in ``_Encoder``): such a batch is not flat. The
+    identity test is paid on that rare path only.
+    """
     kind = type(batch)
     if (kind is not list and kind is not tuple) or not batch:
         return None
     records = []
     total = 0
+    last = -1
     for arr in batch:
         if type(arr) is not np.ndarray:
             return None
@@ -198,9 +205,18 @@ def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
         offset = alloc.offset_of(arr.__array_interface__["data"][0] + lo, hi - lo)
         if offset is None:
             return None
+        if offset > last:
+            last = offset
+        elif _held_twice(batch, arr):
+            return None
         records.append((offset - lo, dt.str, arr.shape, arr.strides))
         total += nbytes
     return (kind is tuple, tuple(records)), total
+
+
+def _held_twice(batch: list | tuple, arr: np.ndarray) -> bool:
+    """Whether ``batch`` holds the object ``arr`` more than once."""
+    return sum(1 for held in batch if held is arr) > 1
 
 
 def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
