@@ -27,17 +27,13 @@ class's attributes and methods with the worker's copies on every batch). The ret
 the slot position the first try started from, so it places and shares arrays exactly as one try.
 
 The common case — a list or tuple of plain ndarrays that collate already wrote into the slot — takes
-a flat form instead: not a pickle but the tuple ``(is_tuple, records)`` with one
-``(offset, dtype.str, shape, strides)`` per array, which travels inside the reply's own frame
-(one pickle per reply, not two) and which the main process turns into views without a custom
-unpickler: 2 to 4x less decode work per batch (issue 16; docs/performance.md). numpy's own buffer
-check refuses a record outside the slot. ``encode`` returns either form; ``decode`` takes either.
+a flat form instead, a tuple with no pickle (``transport/flat.py``). ``encode`` returns either
+form; ``decode`` takes either.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import pickle
 import sys
 import types
@@ -48,6 +44,7 @@ import numpy as np
 from shmloader.collate.context import SlotFull
 from shmloader.errors import DescriptorError
 from shmloader.transport.alloc import SlotAllocator, align_up
+from shmloader.transport.flat import Flat, describe_flat, extent, flat_views
 from shmloader.transport.torch_views import leased_tensor, torch_dtype, torch_view
 
 PROTOCOL = 5
@@ -109,7 +106,7 @@ class _Encoder(pickle.Pickler):
     def _array(self, arr: np.ndarray) -> tuple:
         self.nbytes += arr.nbytes
         address = arr.__array_interface__["data"][0]
-        lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
+        lo, hi = extent(arr.shape, arr.strides, arr.itemsize)
         offset = self.alloc.offset_of(address + lo, hi - lo) if arr.size else None
         if offset is None:
             dst = self._copy_target(arr)
@@ -170,62 +167,13 @@ def _main_ref(obj: type | types.FunctionType) -> tuple[str, str] | None:
     return None if "<" in qualname else ("m", qualname)
 
 
-Flat = tuple[bool, tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...]]
-"""A flat descriptor: (the batch is a tuple, not a list; one record per array)."""
-
-
-def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
-    """The flat descriptor of a list/tuple of plain ndarrays that all live in the slot, and their
-    bytes; else None. A C-contiguous array (what the collate step writes) spans exactly its
-    ``nbytes`` from its first element, so its extent is not computed (issue 16: a worker's
-    per-batch cost).
-
-    Collate allocates a batch's arrays in order, so their regions start at increasing offsets.
-    Only an array that starts no later than one before it can be one the batch holds again, which
-    must arrive as one object (pickle's memo, in ``_Encoder``): such a batch is not flat. The
-    identity test is paid on that rare path only.
-    """
-    kind = type(batch)
-    if (kind is not list and kind is not tuple) or not batch:
-        return None
-    records = []
-    total = 0
-    last = -1
-    for arr in batch:
-        if type(arr) is not np.ndarray:
-            return None
-        nbytes = arr.nbytes
-        dt = arr.dtype
-        if not nbytes or dt.hasobject or dt.fields is not None or dt.subdtype is not None:
-            return None
-        if arr.flags.c_contiguous:
-            lo, hi = 0, nbytes
-        else:
-            lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
-        offset = alloc.offset_of(arr.__array_interface__["data"][0] + lo, hi - lo)
-        if offset is None:
-            return None
-        if offset > last:
-            last = offset
-        elif _held_twice(batch, arr):
-            return None
-        records.append((offset - lo, dt.str, arr.shape, arr.strides))
-        total += nbytes
-    return (kind is tuple, tuple(records)), total
-
-
-def _held_twice(batch: list | tuple, arr: np.ndarray) -> bool:
-    """Whether ``batch`` holds the object ``arr`` more than once."""
-    return sum(1 for held in batch if held is arr) > 1
-
-
 def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
     """Describe ``batch``, its arrays placed in the slot; returns (descriptor, array bytes): a
     ``Flat`` tuple for a list/tuple of in-slot arrays, else a pickle with a record per array.
 
     May raise ``SlotFull`` when arrays must be copied into a slot too small for them.
     """
-    flat = _flat(batch, alloc)
+    flat = describe_flat(batch, alloc)
     if flat is not None:
         return flat
     if _by_name:
@@ -329,7 +277,7 @@ class _Decoder(pickle.Unpickler):
             return _main_object(record)
         if kind == "a":
             _, offset, dtype, shape, strides = record
-            self._check(offset, *_extent(shape, strides, np.dtype(dtype).itemsize))
+            self._check(offset, *extent(shape, strides, np.dtype(dtype).itemsize))
             made: Any = np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=offset, strides=strides)
         elif kind == "t":
             _, offset, nbytes, dtype_name, shape = record
@@ -360,26 +308,11 @@ class _Decoder(pickle.Unpickler):
 def decode(payload: bytes | Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
     """Rebuild a batch as views of ``buf`` (a lease buffer); returns (batch, number of views)."""
     if type(payload) is tuple:
-        return _decode_flat(payload, buf, size_bytes)
+        return flat_views(payload, buf, size_bytes)
     if not isinstance(payload, bytes):
         raise DescriptorError(f"a descriptor is bytes or a flat tuple, not {type(payload).__name__}")
     dec = _Decoder(io.BytesIO(payload), buf, size_bytes)
     return dec.load(), dec.views
-
-
-def _decode_flat(payload: Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
-    try:
-        is_tuple, records = payload
-    except ValueError:
-        raise DescriptorError(f"a flat descriptor is (is_tuple, records), not {payload!r}") from None
-    views: list[np.ndarray] = []
-    for offset, dtype, shape, strides in records:
-        try:  # numpy refuses a region outside the buffer (negative strides and offsets included)
-            views.append(np.ndarray(shape, dtype, buf, offset, strides))
-        except (TypeError, ValueError) as exc:
-            raise DescriptorError(f"descriptor record (offset {offset}, {dtype}, shape {shape}, strides {strides}) "
-                                  f"lies outside the slot of {size_bytes} bytes; no view was made ({exc})") from None
-    return (tuple(views) if is_tuple else views), len(views)
 
 
 def _main_object(record: tuple) -> Any:
@@ -395,12 +328,3 @@ def _main_object(record: tuple) -> Any:
         raise pickle.UnpicklingError(f"the batch holds __main__.{qualname}, which this process's main "
                                      f"module does not define") from None
     return obj
-
-
-def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-    """Byte range [lo, hi) relative to the first element that an array of this layout touches."""
-    if math.prod(shape) == 0:
-        return 0, 0
-    lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
-    hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + itemsize
-    return lo, hi
