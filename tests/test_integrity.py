@@ -4,6 +4,9 @@ rule returns, in the slot or not. Each case compares ``num_workers=0`` with a wo
 
 from __future__ import annotations
 
+import gc
+import io
+import pickle
 from typing import Any
 
 import numpy as np
@@ -11,6 +14,13 @@ import pytest
 
 import shmloader
 from shmloader.collate import register_collate_rule, unregister_collate_rule
+
+try:
+    import torch
+except ImportError:  # the numpy cases run without torch
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 
 class Indices:
@@ -35,6 +45,12 @@ def _assert_same_array(a: np.ndarray, b: np.ndarray) -> None:
     assert a.tobytes(order="A") == b.tobytes(order="A")
 
 
+def _assert_same_tensor(a: Any, b: Any) -> None:
+    assert (type(a), a.dtype, a.shape, a.stride(), a.is_conj(), a.is_neg()) == \
+        (type(b), b.dtype, b.shape, b.stride(), b.is_conj(), b.is_neg())
+    assert torch.equal(a.resolve_conj().resolve_neg(), b.resolve_conj().resolve_neg())
+
+
 # ------------------------------------------------------------------ numpy arrays a collate_fn makes
 
 def fortran_batch(indices: list[int]) -> list[np.ndarray]:
@@ -51,6 +67,43 @@ def test_fortran_ordered_arrays_keep_their_order() -> None:
         for a, b in zip(r, g):
             _assert_same_array(a, b)
         assert g[0].flags.f_contiguous and g[1].flags.f_contiguous
+
+
+# ----------------------------------------------------------------- tensors a collate_fn makes
+
+def strided_tensors(indices: list[int]) -> list[Any]:
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6) + sum(indices)
+    image = torch.arange(120, dtype=torch.float32).reshape(2, 3, 4, 5) + sum(indices)
+    return [t.t(), t[:, ::2], t[0].expand(5, 6), image.contiguous(memory_format=torch.channels_last),
+            t[1:], t[:, 1], t.to(torch.complex64).conj().imag]
+
+
+@needs_torch
+@pytest.mark.timeout(60)
+def test_non_contiguous_tensors_keep_their_strides() -> None:
+    """Transposed, strided, expanded (stride 0) and channels_last tensors, and the imaginary part of
+    a conjugate (a negative view), arrived contiguous; in the main process and through torch's
+    workers they keep their strides."""
+    ref, got = _both(strided_tensors)
+    for r, g in zip(ref, got):
+        for a, b in zip(r, g):
+            _assert_same_tensor(a, b)
+        assert g[3].is_contiguous(memory_format=torch.channels_last)
+
+
+def big_strided_tensors(indices: list[int]) -> list[Any]:
+    t = torch.arange(600 * 600, dtype=torch.float32).reshape(600, 600) + sum(indices)
+    return [t.t(), t[0].expand(4000, 600)]  # 1.4 MB past the first 1 MiB slot; 9.6 MB expanded in 2.4 kB
+
+
+@needs_torch
+@pytest.mark.timeout(60)
+def test_strided_tensors_that_outgrow_the_slot_arrive_whole() -> None:
+    """The slot a strided batch needs is measured by its span, so the retry fits it."""
+    ref, got = _both(big_strided_tensors)
+    for r, g in zip(ref, got):
+        for a, b in zip(r, g):
+            _assert_same_tensor(a, b)
 
 
 # --------------------------------------------------------------- what a collate rule returns
@@ -95,3 +148,44 @@ def test_an_in_slot_array_held_twice_arrives_as_one_object(rule: Any) -> None:
         assert r[0] is r[1] and g[0] is g[1] and g[0] is not g[2]
         for a, b in zip(r, g):
             _assert_same_array(a, b)
+
+
+# ------------------------------------------------------------------------ the strided record
+
+@needs_torch
+def test_a_strided_record_is_measured_as_encoded_and_checked_before_any_view(ring: Any) -> None:
+    """A copied strided tensor takes its span (gaps included, less when expanded); ``measure``
+    says so, and a record whose strides reach past its span is refused."""
+    from ring_helpers import OWNER, leased
+
+    from shmloader.errors import DescriptorError
+    from shmloader.transport import codec
+    from shmloader.transport.alloc import SlotAllocator
+
+    slot = ring.grow(1 << 16, OWNER)
+    alloc = SlotAllocator(slot.segment.buf, slot.size_bytes)
+    t = torch.arange(64, dtype=torch.float64).reshape(8, 8)
+    batch = [t[:, ::3], t[0].expand(100, 8), t.t()]
+    payload, _ = codec.encode(batch, alloc)
+    assert alloc.pos <= codec.measure(batch) and codec.measure(batch) < sum(x.numel() * 8 for x in batch)
+    buf = leased(ring, slot)
+    got, views = codec.decode(payload, buf, slot.size_bytes)
+    assert views == 3
+    for a, b in zip(got, batch):
+        _assert_same_tensor(a, b)
+    forged = _forge(("v", 0, 64, "torch.float64", (8, 8), (8, 1), False, False))
+    with pytest.raises(DescriptorError, match="reach past"):
+        codec.decode(forged, buf, slot.size_bytes)
+    del got, buf, alloc
+    gc.collect()
+
+
+def _forge(record: tuple) -> bytes:
+    buf = io.BytesIO()
+
+    class Forger(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            return record if obj == "record" else None
+
+    Forger(buf, protocol=5).dump("record")
+    return buf.getvalue()

@@ -6,8 +6,10 @@ memory. Here the memory is the task's slot:
 
 - worker (``encode``): an ndarray or CPU torch tensor that already lives in the slot (collate wrote
   it there through the allocator) becomes ``("a", offset, dtype, shape, strides)`` or
-  ``("t", offset, nbytes, dtype_name, shape)``; one that lives elsewhere (a user's collate_fn made
-  it) is first copied into the slot, once. Strings, numbers and small objects travel inline.
+  ``("t", offset, nbytes, dtype_name, shape)`` (``("v", ...)`` with its strides for a
+  non-contiguous tensor: ``torch_views.strided_record``); one that lives elsewhere (a user's
+  collate_fn made it) is first copied into the slot, once, in the layout the main process would
+  have it. Strings, numbers and small objects travel inline.
 - main (``decode``): each record is validated against the slot's bounds, then becomes a numpy view
   of the lease buffer (a torch tensor through ``torch.from_numpy`` for ``"t"``, whose storage also
   holds the lease across ``share_memory_()``: ``torch_views.py``), so every view keeps the lease
@@ -45,7 +47,14 @@ from shmloader.collate.context import SlotFull
 from shmloader.errors import DescriptorError
 from shmloader.transport.alloc import SlotAllocator, align_up
 from shmloader.transport.flat import Flat, describe_flat, extent, flat_views
-from shmloader.transport.torch_views import leased_tensor, torch_dtype, torch_view
+from shmloader.transport.torch_views import (
+    leased_tensor,
+    span_bytes,
+    strided_record,
+    strided_tensor,
+    torch_dtype,
+    torch_view,
+)
 
 PROTOCOL = 5
 
@@ -125,7 +134,9 @@ class _Encoder(pickle.Pickler):
     def _tensor(self, t: Any) -> tuple:
         nbytes = t.numel() * t.element_size()
         self.nbytes += nbytes
-        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if t.is_contiguous() and nbytes else None
+        if not t.is_contiguous():
+            return strided_record(t, self.alloc)
+        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if nbytes else None
         if offset is None:
             u8 = self.alloc((nbytes,), np.uint8)
             if nbytes:
@@ -227,7 +238,7 @@ class _Measurer(pickle.Pickler):
             return 0
         if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
             self._seen.add(id(obj))
-            self.total = align_up(self.total) + obj.numel() * obj.element_size()
+            self.total = align_up(self.total) + span_bytes(obj)
             return 0
         return None
 
@@ -284,6 +295,11 @@ class _Decoder(pickle.Unpickler):
             self._check(offset, 0, nbytes)
             u8: np.ndarray = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
             made = leased_tensor(u8, torch_dtype(dtype_name), tuple(shape), self.buf)  # share_memory_ keeps it
+        elif kind == "v":
+            _, offset, span, dtype_name, shape, strides, conj, neg = record
+            self._check(offset, 0, span)
+            u8 = np.ndarray((span,), dtype=np.uint8, buffer=self.buf, offset=offset)
+            made = strided_tensor(u8, torch_dtype(dtype_name), tuple(shape), tuple(strides), conj, neg, self.buf)
         else:
             raise DescriptorError(f"unknown record in descriptor: {record!r}")
         self.views += 1

@@ -1,7 +1,8 @@
 """Torch tensors over a slot's bytes, and the hold that keeps a batch tensor's lease with its storage.
 
 Owns the torch side of the descriptor codec (``transport/codec.py``): a tensor of a dtype and
-shape over a uint8 array's bytes (no copy), and, in the main process, one *hold* per batch tensor.
+shape (and strides: ``strided_record``/``strided_tensor``) over a uint8 array's bytes (no copy),
+and, in the main process, one *hold* per batch tensor.
 Runs in both processes (the worker copies tensors into the slot through ``torch_view``; only the
 main process holds leases).
 
@@ -51,6 +52,62 @@ def leased_tensor(u8: np.ndarray, dtype: Any, shape: tuple[int, ...], lease: Any
     if u8.size:
         setattr(tensor.untyped_storage(), LEASE_ATTRIBUTE, lease)
     return tensor
+
+
+def span_bytes(t: Any) -> int:
+    """The bytes from a tensor's first element to past its last: what a copy that keeps its strides
+    takes (its ``nbytes`` when contiguous, less when expanded, more when it skips elements)."""
+    return span_of(tuple(t.shape), t.stride(), t.element_size())
+
+
+def strided_record(t: Any, alloc: Any) -> tuple:
+    """``("v", offset, span, dtype name, shape, strides, conj, neg)``: a tensor the ``"t"`` record
+    cannot describe — not contiguous (transposed, expanded, channels_last) or a lazy conjugate or
+    negative view — with its strides and lazy bits, as the main process and torch's workers have it.
+
+    Its stored values (the lazy bits undone: views, no copy) are described where they are when
+    they lie in the slot, else their span is copied in once, byte for byte.
+    """
+    import torch
+
+    conj, neg = t.is_conj(), t.is_neg()
+    raw = t.conj() if conj else t  # each toggles its bit: the values as stored
+    raw = torch._neg_view(raw) if neg else raw
+    span = span_bytes(raw)
+    offset = alloc.offset_of(raw.data_ptr(), span) if span else None
+    if offset is None:
+        u8 = alloc((span,), np.uint8)
+        if span:  # the span as bytes, gaps included: no stale slot bytes, NaN payloads kept
+            reach = raw.as_strided((span // raw.element_size(),), (1,))
+            torch.from_numpy(u8).copy_(reach.view(torch.uint8))
+        offset = u8.__array_interface__["data"][0] - alloc.base_address
+    return ("v", offset, span, str(t.dtype), tuple(t.shape), tuple(t.stride()), conj, neg)
+
+
+def strided_tensor(u8: np.ndarray, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...],
+                   conj: bool, neg: bool, lease: Any) -> Any:
+    """The tensor a ``"v"`` record describes, over ``u8`` (its span, a view of ``lease``)."""
+    import torch
+
+    if u8.size == 0:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if any(type(s) is not int or s < 0 for s in strides) or len(strides) != len(shape) or \
+            u8.size % itemsize or span_of(shape, strides, itemsize) > u8.size:
+        raise DescriptorError(f"descriptor strides {strides} of shape {shape} reach past their "
+                              f"{u8.size} bytes; no view was made")
+    made = torch_view(u8, dtype, (u8.size // itemsize,)).as_strided(shape, strides)
+    made = torch._neg_view(made) if neg else made
+    made = made.conj() if conj else made
+    setattr(made.untyped_storage(), LEASE_ATTRIBUTE, lease)
+    return made
+
+
+def span_of(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """``span_bytes`` of a layout (non-negative strides, in elements)."""
+    if 0 in shape:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * itemsize
 
 
 def torch_dtype(name: str) -> Any:
