@@ -131,6 +131,12 @@ def repeated_rule(batch: list[Item], ctx: Any) -> list[np.ndarray]:
     return [out, out, out[::-1]]
 
 
+def conj_rule(batch: list[Item], ctx: Any) -> list[Any]:
+    out = torch.from_numpy(_in_slot_values(batch, ctx, np.complex64))
+    out.imag[:] = 1
+    return [out.conj(), torch._neg_view(out), out]
+
+
 @pytest.fixture
 def rule(request: pytest.FixtureRequest) -> Any:
     register_collate_rule(Item, request.param)
@@ -148,6 +154,18 @@ def test_an_in_slot_array_held_twice_arrives_as_one_object(rule: Any) -> None:
         assert r[0] is r[1] and g[0] is g[1] and g[0] is not g[2]
         for a, b in zip(r, g):
             _assert_same_array(a, b)
+
+
+@needs_torch
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rule", [conj_rule], indirect=True)
+def test_conjugate_and_negative_views_of_in_slot_tensors_keep_their_values(rule: Any) -> None:
+    """``out.conj()`` of a tensor in the slot arrived as ``out`` (its lazy conjugation lost, so every
+    imaginary part had the wrong sign); so did a negative view."""
+    ref, got = _both(None, Items())
+    for r, g in zip(ref, got):
+        for a, b in zip(r, g):
+            _assert_same_tensor(a, b)
 
 
 # ------------------------------------------------------------------------ the strided record

@@ -134,7 +134,7 @@ class _Encoder(pickle.Pickler):
     def _tensor(self, t: Any) -> tuple:
         nbytes = t.numel() * t.element_size()
         self.nbytes += nbytes
-        if not t.is_contiguous():
+        if not t.is_contiguous() or t.is_conj() or t.is_neg():  # a lazy view's storage holds other values
             return strided_record(t, self.alloc)
         offset = self.alloc.offset_of(t.data_ptr(), nbytes) if nbytes else None
         if offset is None:
