@@ -69,6 +69,20 @@ def test_fortran_ordered_arrays_keep_their_order() -> None:
         assert g[0].flags.f_contiguous and g[1].flags.f_contiguous
 
 
+def empty_batch(indices: list[int]) -> list[np.ndarray]:
+    return [np.zeros((0, 3)), np.zeros((3, 0), order="F"), np.empty((2, 0, 4))[:, :, ::2], np.zeros((0,), ">i2")]
+
+
+@pytest.mark.timeout(60)
+def test_zero_size_arrays_keep_their_strides() -> None:
+    """A zero-size array arrived with the strides of a fresh array ((24, 8)), not its own ((0, 0)
+    from numpy 2): no bytes to copy, so its record now carries its own strides."""
+    ref, got = _both(empty_batch)
+    for r, g in zip(ref, got):
+        for a, b in zip(r, g):
+            _assert_same_array(a, b)
+
+
 # ----------------------------------------------------------------- tensors a collate_fn makes
 
 def strided_tensors(indices: list[int]) -> list[Any]:

@@ -113,10 +113,12 @@ class _Encoder(pickle.Pickler):
         return record
 
     def _array(self, arr: np.ndarray) -> tuple:
+        if not arr.size:  # no bytes to place: its own strides (numpy 2 gives a fresh one 0s), not a copy's
+            return ("a", 0, arr.dtype, arr.shape, arr.strides)
         self.nbytes += arr.nbytes
         address = arr.__array_interface__["data"][0]
         lo, hi = extent(arr.shape, arr.strides, arr.itemsize)
-        offset = self.alloc.offset_of(address + lo, hi - lo) if arr.size else None
+        offset = self.alloc.offset_of(address + lo, hi - lo)
         if offset is None:
             dst = self._copy_target(arr)
             np.copyto(dst, arr, casting="no")
