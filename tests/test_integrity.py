@@ -83,6 +83,27 @@ def test_zero_size_arrays_keep_their_strides() -> None:
             _assert_same_array(a, b)
 
 
+PADDED = np.dtype([("a", "i1"), ("b", "f8")], align=True)  # 7 padding bytes after "a"
+
+
+def padded_records(indices: list[int]) -> list[np.ndarray]:
+    raw = np.frombuffer(bytes(range(16)) * 3, np.uint8).copy()  # padding bytes that are not zeros
+    x = raw.view(PADDED)
+    x["a"], x["b"] = sum(indices), -0.0
+    return [x, x[1:], np.full(64, sum(indices), np.float64)]  # the last fills the slot for the next batch
+
+
+@pytest.mark.timeout(60)
+def test_records_with_padding_arrive_byte_for_byte() -> None:
+    """A structured array was copied field by field, so its padding bytes arrived as whatever the
+    slot held before: another batch's bytes. It is now copied byte for byte, padding included."""
+    ref, got = _both(padded_records)
+    for r, g in zip(ref, got):
+        for a, b in zip(r, g):
+            _assert_same_array(a, b)
+            assert np.ascontiguousarray(a).view(np.uint8).tobytes() == np.ascontiguousarray(b).view(np.uint8).tobytes()
+
+
 # ----------------------------------------------------------------- tensors a collate_fn makes
 
 def strided_tensors(indices: list[int]) -> list[Any]:

@@ -121,7 +121,11 @@ class _Encoder(pickle.Pickler):
         offset = self.alloc.offset_of(address + lo, hi - lo)
         if offset is None:
             dst = self._copy_target(arr)
-            np.copyto(dst, arr, casting="no")
+            if arr.dtype.fields is None:
+                np.copyto(dst, arr, casting="no")
+            else:  # byte for byte: a field-wise copy leaves the padding as the slot had it (another batch's)
+                whole = np.dtype((np.void, arr.itemsize))
+                np.copyto(dst.view(whole), arr.view(whole))
             offset = dst.__array_interface__["data"][0] - self.alloc.base_address
             return ("a", offset, dst.dtype, dst.shape, dst.strides)
         return ("a", offset - lo, arr.dtype, arr.shape, arr.strides)
