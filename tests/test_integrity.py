@@ -126,6 +126,27 @@ def test_non_contiguous_tensors_keep_their_strides() -> None:
         assert g[3].is_contiguous(memory_format=torch.channels_last)
 
 
+def sharing_tensors(indices: list[int]) -> list[Any]:
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6) + sum(indices)
+    u = torch.arange(12, dtype=torch.int64) + sum(indices)
+    return [t[1:], t, t.t(), t[:, 1], u, u[2:]]  # views met before and after the whole tensor
+
+
+@needs_torch
+@pytest.mark.timeout(60)
+def test_tensors_that_share_memory_still_share_it() -> None:
+    """Views of one tensor a collate_fn returns were copied apart, so a write to one was not seen
+    in the others, as it is in the main process and through torch's workers."""
+    ref, got = _both(sharing_tensors)
+    for r, g in zip(ref, got):
+        for a, b in zip(r, g):
+            _assert_same_tensor(a, b)
+        for batch in (r, g):
+            batch[1].fill_(7)
+            batch[4].fill_(-1)
+            assert all(bool((x == 7).all()) for x in batch[:4]) and all(bool((x == -1).all()) for x in batch[4:])
+
+
 def big_strided_tensors(indices: list[int]) -> list[Any]:
     t = torch.arange(600 * 600, dtype=torch.float32).reshape(600, 600) + sum(indices)
     return [t.t(), t[0].expand(4000, 600)]  # 1.4 MB past the first 1 MiB slot; 9.6 MB expanded in 2.4 kB

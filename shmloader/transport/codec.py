@@ -48,12 +48,12 @@ from shmloader.errors import DescriptorError
 from shmloader.transport.alloc import SlotAllocator, align_up
 from shmloader.transport.flat import Flat, describe_flat, extent, flat_views
 from shmloader.transport.torch_views import (
+    HeapCopies,
+    copy_bytes,
     leased_tensor,
-    span_bytes,
     strided_record,
     strided_tensor,
     torch_dtype,
-    torch_view,
 )
 
 PROTOCOL = 5
@@ -98,6 +98,7 @@ class _Encoder(pickle.Pickler):
         self.tensor_type = _torch_tensor_type()
         self.nbytes = 0
         self._records: dict[int, int] = {}  # id of an array or tensor described -> its record's number
+        self._copies = HeapCopies(alloc)
 
     def persistent_id(self, obj: Any) -> Any:
         number = self._records.get(id(obj))
@@ -141,13 +142,10 @@ class _Encoder(pickle.Pickler):
         nbytes = t.numel() * t.element_size()
         self.nbytes += nbytes
         if not t.is_contiguous() or t.is_conj() or t.is_neg():  # a lazy view's storage holds other values
-            return strided_record(t, self.alloc)
-        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if nbytes else None
+            return strided_record(t, self.alloc, self._copies)
+        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if nbytes else 0
         if offset is None:
-            u8 = self.alloc((nbytes,), np.uint8)
-            if nbytes:
-                torch_view(u8, t.dtype, tuple(t.shape)).copy_(t)
-            offset = u8.__array_interface__["data"][0] - self.alloc.base_address
+            offset = self._copies.place(t, nbytes)
         return ("t", offset, nbytes, str(t.dtype), tuple(t.shape))
 
 
@@ -244,7 +242,7 @@ class _Measurer(pickle.Pickler):
             return 0
         if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
             self._seen.add(id(obj))
-            self.total = align_up(self.total) + span_bytes(obj)
+            self.total = align_up(self.total) + copy_bytes(obj)
             return 0
         return None
 

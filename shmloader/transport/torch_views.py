@@ -60,13 +60,60 @@ def span_bytes(t: Any) -> int:
     return span_of(tuple(t.shape), t.stride(), t.element_size())
 
 
-def strided_record(t: Any, alloc: Any) -> tuple:
+class HeapCopies:
+    """How one batch's tensors that live outside the slot are copied in, so that tensors sharing
+    memory in the worker share it in the main process, as in-process and through torch's workers.
+
+    A tensor that covers at least half of its storage has the whole storage copied, once: every
+    later tensor of that storage (``[t[1:], t, t.t()]``) is described inside that copy. A smaller
+    view of a larger storage (a sample sliced out of a dataset's tensor) has only its span copied.
+    """
+
+    __slots__ = ("alloc", "_storages")
+
+    def __init__(self, alloc: Any) -> None:
+        self.alloc = alloc
+        # storage address -> (slot offset, bytes, the storage: alive, so no other takes its address)
+        self._storages: dict[int, tuple[int, int, Any]] = {}
+
+    def place(self, raw: Any, span: int) -> int:
+        """The slot offset of ``raw``'s first element (a tensor of ``span`` bytes, lazy bits undone)."""
+        import torch
+
+        storage = raw.untyped_storage()
+        base, size = storage.data_ptr(), storage.nbytes()
+        copied = self._storages.get(base)
+        if copied is not None and copied[1] == size:
+            return copied[0] + raw.data_ptr() - base
+        start, count = (base, size) if whole_storage(size, span) else (raw.data_ptr(), span)
+        u8 = self.alloc((count,), np.uint8)
+        skip = start - base  # byte for byte, gaps included: no stale slot bytes, NaN payloads kept
+        torch.from_numpy(u8).copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[skip:skip + count])
+        offset = u8.__array_interface__["data"][0] - self.alloc.base_address
+        if start == base:
+            self._storages[base] = (offset, size, storage)
+        return offset + raw.data_ptr() - start
+
+
+def whole_storage(size: int, span: int) -> bool:
+    """Whether a tensor of ``span`` bytes has its storage of ``size`` bytes copied whole (``HeapCopies``)."""
+    return size <= 2 * span
+
+
+def copy_bytes(t: Any) -> int:
+    """The slot bytes ``HeapCopies`` may take for a tensor outside the slot (``codec.measure``)."""
+    span = span_bytes(t)
+    size = t.untyped_storage().nbytes() if span else 0
+    return size if whole_storage(size, span) else span
+
+
+def strided_record(t: Any, alloc: Any, copies: HeapCopies) -> tuple:
     """``("v", offset, span, dtype name, shape, strides, conj, neg)``: a tensor the ``"t"`` record
     cannot describe — not contiguous (transposed, expanded, channels_last) or a lazy conjugate or
     negative view — with its strides and lazy bits, as the main process and torch's workers have it.
 
     Its stored values (the lazy bits undone: views, no copy) are described where they are when
-    they lie in the slot, else their span is copied in once, byte for byte.
+    they lie in the slot, else copied in once, byte for byte (``HeapCopies``).
     """
     import torch
 
@@ -74,13 +121,9 @@ def strided_record(t: Any, alloc: Any) -> tuple:
     raw = t.conj() if conj else t  # each toggles its bit: the values as stored
     raw = torch._neg_view(raw) if neg else raw
     span = span_bytes(raw)
-    offset = alloc.offset_of(raw.data_ptr(), span) if span else None
+    offset = alloc.offset_of(raw.data_ptr(), span) if span else 0
     if offset is None:
-        u8 = alloc((span,), np.uint8)
-        if span:  # the span as bytes, gaps included: no stale slot bytes, NaN payloads kept
-            reach = raw.as_strided((span // raw.element_size(),), (1,))
-            torch.from_numpy(u8).copy_(reach.view(torch.uint8))
-        offset = u8.__array_interface__["data"][0] - alloc.base_address
+        offset = copies.place(raw, span)
     return ("v", offset, span, str(t.dtype), tuple(t.shape), tuple(t.stride()), conj, neg)
 
 
