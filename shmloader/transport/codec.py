@@ -6,8 +6,10 @@ memory. Here the memory is the task's slot:
 
 - worker (``encode``): an ndarray or CPU torch tensor that already lives in the slot (collate wrote
   it there through the allocator) becomes ``("a", offset, dtype, shape, strides)`` or
-  ``("t", offset, nbytes, dtype_name, shape)``; one that lives elsewhere (a user's collate_fn made
-  it) is first copied into the slot, once. Strings, numbers and small objects travel inline.
+  ``("t", offset, nbytes, dtype_name, shape)`` (``("v", ...)`` with its strides for a
+  non-contiguous tensor: ``torch_views.strided_record``); one that lives elsewhere (a user's
+  collate_fn made it) is first copied into the slot, once, in the layout the main process would
+  have it. Strings, numbers and small objects travel inline.
 - main (``decode``): each record is validated against the slot's bounds, then becomes a numpy view
   of the lease buffer (a torch tensor through ``torch.from_numpy`` for ``"t"``, whose storage also
   holds the lease across ``share_memory_()``: ``torch_views.py``), so every view keeps the lease
@@ -27,17 +29,13 @@ class's attributes and methods with the worker's copies on every batch). The ret
 the slot position the first try started from, so it places and shares arrays exactly as one try.
 
 The common case — a list or tuple of plain ndarrays that collate already wrote into the slot — takes
-a flat form instead: not a pickle but the tuple ``(is_tuple, records)`` with one
-``(offset, dtype.str, shape, strides)`` per array, which travels inside the reply's own frame
-(one pickle per reply, not two) and which the main process turns into views without a custom
-unpickler: 2 to 4x less decode work per batch (issue 16; docs/performance.md). numpy's own buffer
-check refuses a record outside the slot. ``encode`` returns either form; ``decode`` takes either.
+a flat form instead, a tuple with no pickle (``transport/flat.py``). ``encode`` returns either
+form; ``decode`` takes either.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import pickle
 import sys
 import types
@@ -48,7 +46,15 @@ import numpy as np
 from shmloader.collate.context import SlotFull
 from shmloader.errors import DescriptorError
 from shmloader.transport.alloc import SlotAllocator, align_up
-from shmloader.transport.torch_views import leased_tensor, torch_dtype, torch_view
+from shmloader.transport.flat import Flat, describe_flat, extent, flat_views
+from shmloader.transport.torch_views import (
+    HeapCopies,
+    copy_bytes,
+    leased_tensor,
+    strided_record,
+    strided_tensor,
+    torch_dtype,
+)
 
 PROTOCOL = 5
 
@@ -92,6 +98,7 @@ class _Encoder(pickle.Pickler):
         self.tensor_type = _torch_tensor_type()
         self.nbytes = 0
         self._records: dict[int, int] = {}  # id of an array or tensor described -> its record's number
+        self._copies = HeapCopies(alloc)
 
     def persistent_id(self, obj: Any) -> Any:
         number = self._records.get(id(obj))
@@ -107,26 +114,38 @@ class _Encoder(pickle.Pickler):
         return record
 
     def _array(self, arr: np.ndarray) -> tuple:
+        if not arr.size:  # no bytes to place: its own strides (numpy 2 gives a fresh one 0s), not a copy's
+            return ("a", 0, arr.dtype, arr.shape, arr.strides)
         self.nbytes += arr.nbytes
         address = arr.__array_interface__["data"][0]
-        lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
-        offset = self.alloc.offset_of(address + lo, hi - lo) if arr.size else None
+        lo, hi = extent(arr.shape, arr.strides, arr.itemsize)
+        offset = self.alloc.offset_of(address + lo, hi - lo)
         if offset is None:
-            dst = self.alloc(arr.shape, arr.dtype)
-            np.copyto(dst, arr, casting="no")
+            dst = self._copy_target(arr)
+            if arr.dtype.fields is None:
+                np.copyto(dst, arr, casting="no")
+            else:  # byte for byte: a field-wise copy leaves the padding as the slot had it (another batch's)
+                whole = np.dtype((np.void, arr.itemsize))
+                np.copyto(dst.view(whole), arr.view(whole))
             offset = dst.__array_interface__["data"][0] - self.alloc.base_address
             return ("a", offset, dst.dtype, dst.shape, dst.strides)
         return ("a", offset - lo, arr.dtype, arr.shape, arr.strides)
 
+    def _copy_target(self, arr: np.ndarray) -> np.ndarray:
+        """Slot memory for a copy of ``arr`` in the order pickle keeps (so torch's workers and the
+        main process have it): Fortran for a Fortran-ordered array, else C."""
+        if arr.flags.f_contiguous and not arr.flags.c_contiguous:
+            return self.alloc(arr.shape[::-1], arr.dtype).T
+        return self.alloc(arr.shape, arr.dtype)
+
     def _tensor(self, t: Any) -> tuple:
         nbytes = t.numel() * t.element_size()
         self.nbytes += nbytes
-        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if t.is_contiguous() and nbytes else None
+        if not t.is_contiguous() or t.is_conj() or t.is_neg():  # a lazy view's storage holds other values
+            return strided_record(t, self.alloc, self._copies)
+        offset = self.alloc.offset_of(t.data_ptr(), nbytes) if nbytes else 0
         if offset is None:
-            u8 = self.alloc((nbytes,), np.uint8)
-            if nbytes:
-                torch_view(u8, t.dtype, tuple(t.shape)).copy_(t)
-            offset = u8.__array_interface__["data"][0] - self.alloc.base_address
+            offset = self._copies.place(t, nbytes)
         return ("t", offset, nbytes, str(t.dtype), tuple(t.shape))
 
 
@@ -163,46 +182,13 @@ def _main_ref(obj: type | types.FunctionType) -> tuple[str, str] | None:
     return None if "<" in qualname else ("m", qualname)
 
 
-Flat = tuple[bool, tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...]]
-"""A flat descriptor: (the batch is a tuple, not a list; one record per array)."""
-
-
-def _flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
-    """The flat descriptor of a list/tuple of plain ndarrays that all live in the slot, and their
-    bytes; else None. A C-contiguous array (what the collate step writes) spans exactly its
-    ``nbytes`` from its first element, so its extent is not computed (issue 16: a worker's
-    per-batch cost)."""
-    kind = type(batch)
-    if (kind is not list and kind is not tuple) or not batch:
-        return None
-    records = []
-    total = 0
-    for arr in batch:
-        if type(arr) is not np.ndarray:
-            return None
-        nbytes = arr.nbytes
-        dt = arr.dtype
-        if not nbytes or dt.hasobject or dt.fields is not None or dt.subdtype is not None:
-            return None
-        if arr.flags.c_contiguous:
-            lo, hi = 0, nbytes
-        else:
-            lo, hi = _extent(arr.shape, arr.strides, arr.itemsize)
-        offset = alloc.offset_of(arr.__array_interface__["data"][0] + lo, hi - lo)
-        if offset is None:
-            return None
-        records.append((offset - lo, dt.str, arr.shape, arr.strides))
-        total += nbytes
-    return (kind is tuple, tuple(records)), total
-
-
 def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
     """Describe ``batch``, its arrays placed in the slot; returns (descriptor, array bytes): a
     ``Flat`` tuple for a list/tuple of in-slot arrays, else a pickle with a record per array.
 
     May raise ``SlotFull`` when arrays must be copied into a slot too small for them.
     """
-    flat = _flat(batch, alloc)
+    flat = describe_flat(batch, alloc)
     if flat is not None:
         return flat
     if _by_name:
@@ -256,7 +242,7 @@ class _Measurer(pickle.Pickler):
             return 0
         if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
             self._seen.add(id(obj))
-            self.total = align_up(self.total) + obj.numel() * obj.element_size()
+            self.total = align_up(self.total) + copy_bytes(obj)
             return 0
         return None
 
@@ -306,13 +292,18 @@ class _Decoder(pickle.Unpickler):
             return _main_object(record)
         if kind == "a":
             _, offset, dtype, shape, strides = record
-            self._check(offset, *_extent(shape, strides, np.dtype(dtype).itemsize))
+            self._check(offset, *extent(shape, strides, np.dtype(dtype).itemsize))
             made: Any = np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=offset, strides=strides)
         elif kind == "t":
             _, offset, nbytes, dtype_name, shape = record
             self._check(offset, 0, nbytes)
             u8: np.ndarray = np.ndarray((nbytes,), dtype=np.uint8, buffer=self.buf, offset=offset)
             made = leased_tensor(u8, torch_dtype(dtype_name), tuple(shape), self.buf)  # share_memory_ keeps it
+        elif kind == "v":
+            _, offset, span, dtype_name, shape, strides, conj, neg = record
+            self._check(offset, 0, span)
+            u8 = np.ndarray((span,), dtype=np.uint8, buffer=self.buf, offset=offset)
+            made = strided_tensor(u8, torch_dtype(dtype_name), tuple(shape), tuple(strides), conj, neg, self.buf)
         else:
             raise DescriptorError(f"unknown record in descriptor: {record!r}")
         self.views += 1
@@ -337,26 +328,11 @@ class _Decoder(pickle.Unpickler):
 def decode(payload: bytes | Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
     """Rebuild a batch as views of ``buf`` (a lease buffer); returns (batch, number of views)."""
     if type(payload) is tuple:
-        return _decode_flat(payload, buf, size_bytes)
+        return flat_views(payload, buf, size_bytes)
     if not isinstance(payload, bytes):
         raise DescriptorError(f"a descriptor is bytes or a flat tuple, not {type(payload).__name__}")
     dec = _Decoder(io.BytesIO(payload), buf, size_bytes)
     return dec.load(), dec.views
-
-
-def _decode_flat(payload: Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
-    try:
-        is_tuple, records = payload
-    except ValueError:
-        raise DescriptorError(f"a flat descriptor is (is_tuple, records), not {payload!r}") from None
-    views: list[np.ndarray] = []
-    for offset, dtype, shape, strides in records:
-        try:  # numpy refuses a region outside the buffer (negative strides and offsets included)
-            views.append(np.ndarray(shape, dtype, buf, offset, strides))
-        except (TypeError, ValueError) as exc:
-            raise DescriptorError(f"descriptor record (offset {offset}, {dtype}, shape {shape}, strides {strides}) "
-                                  f"lies outside the slot of {size_bytes} bytes; no view was made ({exc})") from None
-    return (tuple(views) if is_tuple else views), len(views)
 
 
 def _main_object(record: tuple) -> Any:
@@ -372,12 +348,3 @@ def _main_object(record: tuple) -> Any:
         raise pickle.UnpicklingError(f"the batch holds __main__.{qualname}, which this process's main "
                                      f"module does not define") from None
     return obj
-
-
-def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-    """Byte range [lo, hi) relative to the first element that an array of this layout touches."""
-    if math.prod(shape) == 0:
-        return 0, 0
-    lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
-    hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + itemsize
-    return lo, hi

@@ -1,7 +1,8 @@
 """Torch tensors over a slot's bytes, and the hold that keeps a batch tensor's lease with its storage.
 
 Owns the torch side of the descriptor codec (``transport/codec.py``): a tensor of a dtype and
-shape over a uint8 array's bytes (no copy), and, in the main process, one *hold* per batch tensor.
+shape (and strides: ``strided_record``/``strided_tensor``) over a uint8 array's bytes (no copy),
+and, in the main process, one *hold* per batch tensor.
 Runs in both processes (the worker copies tensors into the slot through ``torch_view``; only the
 main process holds leases).
 
@@ -51,6 +52,105 @@ def leased_tensor(u8: np.ndarray, dtype: Any, shape: tuple[int, ...], lease: Any
     if u8.size:
         setattr(tensor.untyped_storage(), LEASE_ATTRIBUTE, lease)
     return tensor
+
+
+def span_bytes(t: Any) -> int:
+    """The bytes from a tensor's first element to past its last: what a copy that keeps its strides
+    takes (its ``nbytes`` when contiguous, less when expanded, more when it skips elements)."""
+    return span_of(tuple(t.shape), t.stride(), t.element_size())
+
+
+class HeapCopies:
+    """How one batch's tensors that live outside the slot are copied in, so that tensors sharing
+    memory in the worker share it in the main process, as in-process and through torch's workers.
+
+    A tensor that covers at least half of its storage has the whole storage copied, once: every
+    later tensor of that storage (``[t[1:], t, t.t()]``) is described inside that copy. A smaller
+    view of a larger storage (a sample sliced out of a dataset's tensor) has only its span copied.
+    """
+
+    __slots__ = ("alloc", "_storages")
+
+    def __init__(self, alloc: Any) -> None:
+        self.alloc = alloc
+        # storage address -> (slot offset, bytes, the storage: alive, so no other takes its address)
+        self._storages: dict[int, tuple[int, int, Any]] = {}
+
+    def place(self, raw: Any, span: int) -> int:
+        """The slot offset of ``raw``'s first element (a tensor of ``span`` bytes, lazy bits undone)."""
+        import torch
+
+        storage = raw.untyped_storage()
+        base, size = storage.data_ptr(), storage.nbytes()
+        copied = self._storages.get(base)
+        if copied is not None and copied[1] == size:
+            return copied[0] + raw.data_ptr() - base
+        start, count = (base, size) if whole_storage(size, span) else (raw.data_ptr(), span)
+        u8 = self.alloc((count,), np.uint8)
+        skip = start - base  # byte for byte, gaps included: no stale slot bytes, NaN payloads kept
+        torch.from_numpy(u8).copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[skip:skip + count])
+        offset = u8.__array_interface__["data"][0] - self.alloc.base_address
+        if start == base:
+            self._storages[base] = (offset, size, storage)
+        return offset + raw.data_ptr() - start
+
+
+def whole_storage(size: int, span: int) -> bool:
+    """Whether a tensor of ``span`` bytes has its storage of ``size`` bytes copied whole (``HeapCopies``)."""
+    return size <= 2 * span
+
+
+def copy_bytes(t: Any) -> int:
+    """The slot bytes ``HeapCopies`` may take for a tensor outside the slot (``codec.measure``)."""
+    span = span_bytes(t)
+    size = t.untyped_storage().nbytes() if span else 0
+    return size if whole_storage(size, span) else span
+
+
+def strided_record(t: Any, alloc: Any, copies: HeapCopies) -> tuple:
+    """``("v", offset, span, dtype name, shape, strides, conj, neg)``: a tensor the ``"t"`` record
+    cannot describe — not contiguous (transposed, expanded, channels_last) or a lazy conjugate or
+    negative view — with its strides and lazy bits, as the main process and torch's workers have it.
+
+    Its stored values (the lazy bits undone: views, no copy) are described where they are when
+    they lie in the slot, else copied in once, byte for byte (``HeapCopies``).
+    """
+    import torch
+
+    conj, neg = t.is_conj(), t.is_neg()
+    raw = t.conj() if conj else t  # each toggles its bit: the values as stored
+    raw = torch._neg_view(raw) if neg else raw
+    span = span_bytes(raw)
+    offset = alloc.offset_of(raw.data_ptr(), span) if span else 0
+    if offset is None:
+        offset = copies.place(raw, span)
+    return ("v", offset, span, str(t.dtype), tuple(t.shape), tuple(t.stride()), conj, neg)
+
+
+def strided_tensor(u8: np.ndarray, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...],
+                   conj: bool, neg: bool, lease: Any) -> Any:
+    """The tensor a ``"v"`` record describes, over ``u8`` (its span, a view of ``lease``)."""
+    import torch
+
+    if u8.size == 0:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if any(type(s) is not int or s < 0 for s in strides) or len(strides) != len(shape) or \
+            u8.size % itemsize or span_of(shape, strides, itemsize) > u8.size:
+        raise DescriptorError(f"descriptor strides {strides} of shape {shape} reach past their "
+                              f"{u8.size} bytes; no view was made")
+    made = torch_view(u8, dtype, (u8.size // itemsize,)).as_strided(shape, strides)
+    made = torch._neg_view(made) if neg else made
+    made = made.conj() if conj else made
+    setattr(made.untyped_storage(), LEASE_ATTRIBUTE, lease)
+    return made
+
+
+def span_of(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """``span_bytes`` of a layout (non-negative strides, in elements)."""
+    if 0 in shape:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * itemsize
 
 
 def torch_dtype(name: str) -> Any:
