@@ -11,6 +11,7 @@ must act (the kernel, the resource tracker): there a bounded deadline is polled.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -277,3 +278,41 @@ def test_stale_segments_of_a_dead_owner_are_swept_at_start() -> None:
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+class _Unkillable:
+    """A worker process that no signal ends (uninterruptible sleep in the kernel: a hung network
+    file system read): ``join`` returns at its timeout, ``exitcode`` stays None. An unbounded join
+    would wait for ever: it fails the test instead."""
+
+    pid = None  # nothing real is signalled
+    exitcode = None
+
+    def __init__(self) -> None:
+        self.joins: list[float | None] = []
+
+    def terminate(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        self.joins.append(timeout)
+        assert timeout is not None, "an unbounded join of a worker that does not exit hangs close() for ever"
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_that_survives_sigkill_does_not_hang_the_shutdown(caplog: pytest.LogCaptureFixture) -> None:
+    from shmloader.engine import workers
+
+    tasks_r, tasks_w = multiprocessing.Pipe(duplex=False)
+    results_r, results_w = multiprocessing.Pipe(duplex=False)
+    proc = _Unkillable()
+    handle = workers.WorkerHandle(0, proc, tasks_w, results_r, task_reader=tasks_r)
+    with caplog.at_level("WARNING", logger="shmloader"):
+        workers._reap(handle)
+    assert proc.joins and all(t is not None for t in proc.joins)
+    assert "did not exit" in caplog.text and "SIGKILL" in caplog.text
+    assert tasks_w.closed and results_r.closed and tasks_r.closed
+    results_w.close()

@@ -48,6 +48,9 @@ from shmloader.worker import main as worker_main
 
 _JOIN_TIMEOUT_S = 1.0
 _KILL_TIMEOUT_S = 1.0
+# After SIGKILL: a worker in uninterruptible sleep (a read from a hung network file system) exits only
+# when the kernel lets it; close() and the fault path must not wait for that for ever.
+KILLED_JOIN_S = 5.0
 # Every worker process this process started and has not reaped: multiprocessing lists them as its
 # children, and a process forked from this one must not take them for its own (_disown_inherited).
 _live_workers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -321,7 +324,9 @@ def _reap_all(workers: list[WorkerHandle]) -> None:
 
 
 def _reap(w: WorkerHandle) -> None:
-    """Make sure the process is gone and joined, and close its pipes."""
+    """Make sure the process is gone and joined, and close its pipes. Bounded: a worker that even
+    SIGKILL does not end within ``KILLED_JOIN_S`` is named in a warning and left to exit when the
+    kernel lets it (multiprocessing reaps it then); its pipes are closed all the same."""
     p = w.process
     if p.exitcode is None:
         p.terminate()
@@ -329,13 +334,22 @@ def _reap(w: WorkerHandle) -> None:
         p.join(_KILL_TIMEOUT_S)
     if p.exitcode is None:
         p.kill()
-        p.join()
+        join_killed(w)
     else:
         p.join()
     w.unsent.clear()  # nobody will read it now
     w.backlog.discard(w)
     _live_workers.discard(p)
     _close(w.tasks, w.results, *([w.task_reader] if w.task_reader is not None else []))
+
+
+def join_killed(w: WorkerHandle) -> None:
+    """Join a worker just sent SIGKILL, for at most ``KILLED_JOIN_S``; warn if it is still there."""
+    w.process.join(KILLED_JOIN_S)
+    if w.process.exitcode is None:
+        logger.warning("worker %d (pid %s) did not exit within %s s of SIGKILL (uninterruptible sleep in the "
+                       "kernel: a hung network file system or device?); not waiting for it any longer",
+                       w.id, w.pid, KILLED_JOIN_S)
 
 
 def _close(*conns: Connection) -> None:
