@@ -21,7 +21,8 @@ forked worker inherits the object but never iterates it). Promises:
   shmloader loader with the same options. :func:`init_kwargs` does that reading for any torch
   DataLoader (accelerate's wrapper included: see :mod:`shmloader.torch.accelerate`).
 - Default samplers are torch's own classes (``RandomSampler``, ``SequentialSampler``,
-  ``BatchSampler``), as frameworks test for them (Lightning decides ``shuffle`` of its
+  ``BatchSampler``), and the default ``collate_fn`` is torch's own ``default_collate`` (or
+  ``default_convert`` without batching), as frameworks test for them (Lightning decides ``shuffle`` of its
   DistributedSampler by ``isinstance(sampler, RandomSampler)``). An int seed or numpy Generator
   as ``generator`` (a shmloader extension torch's samplers do not accept) keeps shmloader's
   RandomSampler, which draws the same structure with numpy.
@@ -42,6 +43,8 @@ from torch.utils.data import BatchSampler as _TorchBatchSampler
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import RandomSampler as _TorchRandomSampler
 from torch.utils.data import SequentialSampler as _TorchSequentialSampler
+from torch.utils.data import default_collate as _torch_default_collate
+from torch.utils.data import default_convert as _torch_default_convert
 from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
 
 from shmloader.engine.iterator import BaseIter
@@ -100,6 +103,11 @@ class DataLoader(_ShmDataLoader[T_co], _TorchDataLoader[T_co]):  # type: ignore[
 
     def _default_batch_sampler(self, sampler: Any, batch_size: int, drop_last: bool) -> Any:
         return _TorchBatchSampler(sampler, batch_size, drop_last)
+
+    def _default_collate_fn(self) -> Any:
+        # torch's own function objects, so `loader.collate_fn is default_collate` holds as with torch's
+        # loader; the loader recognises them (_collate_plan) and still collates into the slot.
+        return _torch_default_collate if self._auto_collation else _torch_default_convert
 
     @property  # type: ignore[override]  # torch annotates its own iterator class; ours is shmloader's
     def _iterator(self) -> BaseIter | None:
