@@ -141,7 +141,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._ring.shrink_to(ring_slots(self._num_workers, self._prefetch))
         self._flush_detach()
         if self._iterable:
-            self._pool.broadcast(Reset(self._record.epoch))
+            self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
             for w in self._pool.workers:
                 w.exhausted = False
         self._begin_epoch()

@@ -48,8 +48,10 @@ from torch.utils.data import default_convert as _torch_default_convert
 from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
 
 from shmloader.engine.iterator import BaseIter
+from shmloader.engine.plan import Plan
 from shmloader.loader import DataLoader as _ShmDataLoader
 from shmloader.samplers import RandomSampler as _ShmRandomSampler
+from shmloader.torch import datapipes
 
 __all__ = ["DataLoader", "EXTRA_OPTIONS", "TORCH_OPTIONS", "init_kwargs"]
 
@@ -91,6 +93,17 @@ class DataLoader(_ShmDataLoader[T_co], _TorchDataLoader[T_co]):  # type: ignore[
         self._dataset_kind = _DatasetKind.Iterable if self._is_iterable else _DatasetKind.Map
         for name, default in EXTRA_OPTIONS.items():  # the extras as passed, for re-instantiation
             object.__setattr__(self, name, self._explicit.get(name, default))
+
+    def _adopt_dataset(self, dataset: Any, shuffle: bool | None) -> tuple[Any, bool | None]:
+        return datapipes.adopt(dataset, shuffle)
+
+    def _plan(self) -> Plan:
+        return datapipes.epoch_plan(self, super()._plan())  # a DataPipe is seeded and sharded each epoch
+
+    def _get_iterator(self) -> BaseIter:  # type: ignore[override]  # torch annotates its own iterator class
+        it = super()._get_iterator()
+        datapipes.iterator_made(self)
+        return it
 
     def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Any:
         if self._is_iterable:
