@@ -120,7 +120,6 @@ class DataLoader(Generic[T_co]):
             prefetch_factor = 2
         checks.check_max_slots(cfg.max_slots, num_workers, prefetch_factor, cfg.provenance["max_slots"])
         self._config = cfg
-        self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = cfg.pin_memory
@@ -129,6 +128,7 @@ class DataLoader(Generic[T_co]):
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = cfg.multiprocessing_context
         self.in_order = cfg.in_order
+        self.dataset, shuffle = self._adopt_dataset(dataset, shuffle)
         self._is_iterable = is_iterable_dataset(dataset)
         batch_size, shuffle, drop_last = checks.check_sampling(self._is_iterable, batch_size, shuffle, sampler,
                                                                batch_sampler, drop_last)
@@ -175,6 +175,10 @@ class DataLoader(Generic[T_co]):
         clone = type(self).__new__(type(self))
         clone.__setstate__(loader_copy.carried_state(self, shallow=True))
         return clone
+
+    def _adopt_dataset(self, dataset: Any, shuffle: bool | None) -> tuple[Any, bool | None]:
+        """The dataset kept and the ``shuffle`` checked (the torch flavour wraps DataPipes as torch)."""
+        return dataset, shuffle
 
     # -- default samplers: shmloader's here; the torch flavour makes torch's own -----------------
     def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Sampler | Iterable:

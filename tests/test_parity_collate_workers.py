@@ -245,3 +245,41 @@ def test_quantized_tensor_samples_without_batching(loader_cls: type, num_workers
     assert expected == [(True, 0.5, [0.0] * 3), (True, 0.5, [1.0] * 3)]
     got = outcome(loader_cls, Quantized(), batch_size=None, num_workers=num_workers, each=_dequantized)
     assert got == expected
+
+
+# ------------------------------------------------------- samples that are not contiguous
+
+
+LAYOUTS: dict[str, Callable[[int], Any]] = {
+    "channels_last": lambda i: torch.full((2, 3, 4, 5), float(i)).contiguous(memory_format=torch.channels_last),
+    "channels_last_3d": lambda i: torch.full((2, 3, 2, 4, 5), float(i)).contiguous(
+        memory_format=torch.channels_last_3d),
+    "transposed": lambda i: (torch.arange(12.0).reshape(3, 4) + i).t(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_outside_workers_samples_stack_into_the_layout_torch_stack_gives(name: str) -> None:
+    batch = [LAYOUTS[name](i) for i in range(3)]
+    theirs = tdata.default_collate(batch)
+    for ours in (torch_default_collate(batch), shmloader.collate.collate(batch)):
+        assert_same_structure(ours, theirs)
+        assert ours.stride() == theirs.stride()
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_in_a_worker_samples_stack_contiguous_as_torchs_worker(name: str, in_a_torch_worker: None) -> None:
+    batch = [LAYOUTS[name](i) for i in range(3)]
+    ours, theirs = torch_default_collate(batch), tdata.default_collate(batch)
+    assert_same_structure(ours, theirs)
+    assert ours.stride() == theirs.stride() and ours.is_contiguous()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_stacks_channels_last_samples_as_torchs(num_workers: int) -> None:
+    samples = [LAYOUTS["channels_last"](i) for i in range(4)]
+    strides = outcome(st.DataLoader, ListDataset(samples), each=torch.Tensor.stride, batch_size=2,
+                      num_workers=num_workers)
+    assert strides == outcome(tdata.DataLoader, ListDataset(samples), each=torch.Tensor.stride, batch_size=2,
+                              num_workers=num_workers)

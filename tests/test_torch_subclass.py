@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-from framework_helpers import Indexed, batch_record  # noqa: E402
+from framework_helpers import Indexed, batch_record, in_shmloader_slot  # noqa: E402
 from torch.utils import data as tdata  # noqa: E402
 from torch.utils.data.dataloader import _DatasetKind  # noqa: E402
 
@@ -48,6 +48,18 @@ def test_the_attributes_torch_and_its_integrations_read_exist() -> None:
     assert callable(loader._get_iterator) and callable(loader.check_worker_number_rationality)
     with pytest.raises(ValueError, match="batch_size attribute should not be set after DataLoader is initialized"):
         loader.batch_size = 3
+
+
+@pytest.mark.parametrize(("batch_size", "torch_fn"), [(2, "default_collate"), (None, "default_convert")])
+def test_the_default_collate_fn_is_torchs_own_function(batch_size: int | None, torch_fn: str) -> None:
+    """Code written for torch compares ``loader.collate_fn`` with torch's function (or calls it on
+    samples of its own); the batches still come from the slots, collated by shmloader."""
+    theirs = tdata.DataLoader(Indexed(4), batch_size=batch_size)
+    ours = st.DataLoader(Indexed(4), batch_size=batch_size, num_workers=1)
+    assert ours.collate_fn is theirs.collate_fn is getattr(tdata, torch_fn)
+    batches = list(ours)
+    assert [torch.as_tensor(b["index"]).tolist() for b in batches] == ([[0, 1], [2, 3]] if batch_size else [0, 1, 2, 3])
+    assert all(bool(torch.as_tensor(b["shm_worker"]).all()) and in_shmloader_slot(b["x"]) for b in batches)
 
 
 def test_the_signature_is_torchs_plus_keyword_only_extras() -> None:

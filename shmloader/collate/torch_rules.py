@@ -17,6 +17,9 @@ Promises:
   (one dtype, plain Python numbers); anything else replays torch's own conversion
   (``torch.as_tensor`` / ``torch.tensor``) so dtype inference and errors are torch's, then copies
   the result into the allocator;
+- a batch of tensors is laid out as torch lays it out: contiguous in a worker (torch's worker stacks
+  into a contiguous shared tensor), elsewhere with the strides ``torch.stack`` gives (samples in
+  channels_last give a channels_last batch), in memory from the allocator either way;
 - the exceptions: CUDA tensors and tensors that require grad are stacked by ``torch.stack``
   without an allocator, since neither can live in a shared-memory slot — except that in a
   torch-mode worker samples that require grad (``torch.nn.Parameter``) raise torch's RuntimeError,
@@ -40,6 +43,7 @@ from shmloader.collate.rules import (
     stack_checked,
     write_array,
 )
+from shmloader.worker_info import get_worker_info
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -159,8 +163,30 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     else:
         _refuse_non_tensors(batch, ctx, torch)  # a numpy dtype among them: an array, not a tensor
         dtype = _stacked_dtype(elem, dtypes, ctx, torch)
-    out = tensor_from_alloc(ctx.alloc, (len(batch), *elem.shape), dtype)
+    shape = (len(batch), *elem.shape)
+    if elem.is_contiguous() or _in_a_worker(torch):
+        out = tensor_from_alloc(ctx.alloc, shape, dtype)  # a worker's batch is contiguous, as torch's
+    else:
+        out = _laid_out_as_stack(batch, shape, dtype, ctx, torch)
     return torch.stack(batch, 0, out=out)
+
+
+def _laid_out_as_stack(batch: Sequence[Any], shape: tuple[int, ...], dtype: Any, ctx: CollateContext,
+                       torch: Any) -> Any:
+    """Memory from the allocator with the strides ``torch.stack(batch)`` gives its result.
+
+    Outside a worker torch stacks without ``out=``, so samples in a memory format (channels_last)
+    give a batch in it; stacking meta tensors of the samples' strides says which, at no data cost.
+    """
+    metas = [torch.empty_strided(s.shape, s.stride(), dtype=dtype, device="meta") for s in batch]
+    strides = torch.stack(metas, 0).stride()
+    flat = tensor_from_alloc(ctx.alloc, (math.prod(shape),), dtype)
+    return flat.as_strided(shape, strides)
+
+
+def _in_a_worker(torch: Any) -> bool:
+    """Whether this process is a worker, shmloader's (whenever torch was imported) or torch's."""
+    return get_worker_info() is not None or torch.utils.data.get_worker_info() is not None
 
 
 def _stack_with_grad(batch: Sequence[Any], ctx: CollateContext, torch: Any) -> Any:

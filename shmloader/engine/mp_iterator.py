@@ -10,7 +10,8 @@ never a quiet end of the epoch) | closed (``close()``: a later ``next()`` raises
 1. ``dispatch``: while fewer than ``prefetch_factor`` × workers tasks are in the pipeline, take the
    next indices from the sampler, let the ``Dispatcher`` pick the worker (torch's round-robin by
    default) and the ``Ledger`` give the task a free slot (the ring grows when the user holds the
-   others), and send the task;
+   others), and send the task. As in torch, ``iter()`` fills the pipeline and each batch handed out
+   is first replaced by the next task, so the sampler is read exactly as far ahead as torch reads it;
 2. ``pop``: if the reorder buffer has the next task due, the ledger leases its slot to the user and
    the codec makes the views;
 3. ``wait`` (``engine.wait``): ONE poll (as ``multiprocessing.connection.wait``) over every worker's reply
@@ -81,6 +82,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             for w in self._pool.workers:
                 self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
             self._begin_epoch()
+            self._dispatch(spare_only=True)  # torch's iter() sends prefetch_factor tasks per worker at once
         except BaseException:  # the sampler, the ring, a worker's start, a Ctrl-C: what was made goes
             self.close()
             raise
@@ -140,10 +142,11 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._ring.shrink_to(ring_slots(self._num_workers, self._prefetch))
         self._flush_detach()
         if self._iterable:
-            self._pool.broadcast(Reset(self._record.epoch))
+            self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
             for w in self._pool.workers:
                 w.exhausted = False
         self._begin_epoch()
+        self._dispatch(spare_only=True)
 
     @property
     def closed(self) -> bool:
@@ -232,7 +235,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                 self._dispatch()
                 item = self._reorder.pop()
                 if item is not None:
-                    return self._deliver(*item)
+                    return self._hand_out(*item)
                 if self._finished():
                     self._end_epoch()
                     raise StopIteration
@@ -271,7 +274,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         return self._dispatcher.capacity(self._exhausted())
 
     # -- 1. dispatch ---------------------------------------------------------------------------
-    def _dispatch(self) -> None:
+    def _dispatch(self, spare_only: bool = False) -> None:
+        """Send tasks until the pipeline is full. ``spare_only``: only into a free slot or one the
+        ring may add (at ``max_slots`` the rest wait for the next ``next()``, not raise)."""
         if self._sampler_done:
             return
         in_pipeline = self._ledger.in_epoch(self._epoch) + len(self._reorder)
@@ -288,7 +293,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             try:
                 self._skip_delivered()  # first, so the worker is chosen for the task number it runs
                 w = self._dispatcher.pick(self._next_task, held, exhausted)
-                if w is None:
+                if w is None or (spare_only and not self._ledger.has_room()):
                     return
                 indices = self._next_indices()
             except StopIteration:
@@ -343,6 +348,18 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             self._ring.retired_names.clear()
 
     # -- 2. deliver ----------------------------------------------------------------------------
+    def _hand_out(self, rec: TaskRecord, msg: Any) -> Any:
+        """The due batch (or its error); first, as torch's iterator does, the next task is sent, so
+        ``prefetch_factor`` tasks per worker stay in flight while the caller uses the batch."""
+        try:
+            batch = self._deliver(rec, msg)
+        except BaseException as exc:
+            if exc is self._user_error:
+                self._dispatch(spare_only=True)
+            raise
+        self._dispatch(spare_only=True)
+        return batch
+
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):
             raise self._batch_failed(rec.task, self._worker_exception(msg, rec.worker_id, rec))

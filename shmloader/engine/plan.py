@@ -46,3 +46,4 @@ class Plan:
     make_ring: Callable[[], Ring]
     preflight: Callable[[Ring, int, int], None]  # (ring, slot bytes, slots) -> raises ShmSpaceError
     finish: Callable[[Any], Any]  # the batch's last step before the user (pinning)
+    reset_seed: int | None = None  # each persistent epoch's Reset carries it to the workers (DataPipes)

@@ -21,7 +21,8 @@ forked worker inherits the object but never iterates it). Promises:
   shmloader loader with the same options. :func:`init_kwargs` does that reading for any torch
   DataLoader (accelerate's wrapper included: see :mod:`shmloader.torch.accelerate`).
 - Default samplers are torch's own classes (``RandomSampler``, ``SequentialSampler``,
-  ``BatchSampler``), as frameworks test for them (Lightning decides ``shuffle`` of its
+  ``BatchSampler``), and the default ``collate_fn`` is torch's own ``default_collate`` (or
+  ``default_convert`` without batching), as frameworks test for them (Lightning decides ``shuffle`` of its
   DistributedSampler by ``isinstance(sampler, RandomSampler)``). An int seed or numpy Generator
   as ``generator`` (a shmloader extension torch's samplers do not accept) keeps shmloader's
   RandomSampler, which draws the same structure with numpy.
@@ -42,11 +43,15 @@ from torch.utils.data import BatchSampler as _TorchBatchSampler
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import RandomSampler as _TorchRandomSampler
 from torch.utils.data import SequentialSampler as _TorchSequentialSampler
+from torch.utils.data import default_collate as _torch_default_collate
+from torch.utils.data import default_convert as _torch_default_convert
 from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
 
 from shmloader.engine.iterator import BaseIter
+from shmloader.engine.plan import Plan
 from shmloader.loader import DataLoader as _ShmDataLoader
 from shmloader.samplers import RandomSampler as _ShmRandomSampler
+from shmloader.torch import datapipes
 
 __all__ = ["DataLoader", "EXTRA_OPTIONS", "TORCH_OPTIONS", "init_kwargs"]
 
@@ -89,6 +94,17 @@ class DataLoader(_ShmDataLoader[T_co], _TorchDataLoader[T_co]):  # type: ignore[
         for name, default in EXTRA_OPTIONS.items():  # the extras as passed, for re-instantiation
             object.__setattr__(self, name, self._explicit.get(name, default))
 
+    def _adopt_dataset(self, dataset: Any, shuffle: bool | None) -> tuple[Any, bool | None]:
+        return datapipes.adopt(dataset, shuffle)
+
+    def _plan(self) -> Plan:
+        return datapipes.epoch_plan(self, super()._plan())  # a DataPipe is seeded and sharded each epoch
+
+    def _get_iterator(self) -> BaseIter:  # type: ignore[override]  # torch annotates its own iterator class
+        it = super()._get_iterator()
+        datapipes.iterator_made(self)
+        return it
+
     def _default_sampler(self, dataset: Any, shuffle: bool, generator: Any) -> Any:
         if self._is_iterable:
             return _InfiniteConstantSampler()
@@ -100,6 +116,11 @@ class DataLoader(_ShmDataLoader[T_co], _TorchDataLoader[T_co]):  # type: ignore[
 
     def _default_batch_sampler(self, sampler: Any, batch_size: int, drop_last: bool) -> Any:
         return _TorchBatchSampler(sampler, batch_size, drop_last)
+
+    def _default_collate_fn(self) -> Any:
+        # torch's own function objects, so `loader.collate_fn is default_collate` holds as with torch's
+        # loader; the loader recognises them (_collate_plan) and still collates into the slot.
+        return _torch_default_collate if self._auto_collation else _torch_default_convert
 
     @property  # type: ignore[override]  # torch annotates its own iterator class; ours is shmloader's
     def _iterator(self) -> BaseIter | None:

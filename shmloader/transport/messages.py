@@ -57,6 +57,7 @@ class Task(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Reset:
     epoch: int
+    seed: int | None = None  # re-seeds the workers' dataset (WorkerSpec.reseed)
 
 
 @_compact

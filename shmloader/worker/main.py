@@ -75,6 +75,8 @@ class WorkerSpec:
     worker_init_fn: Callable[[int], None] | None
     collate_rules: dict[type, Any] = field(default_factory=dict)
     log_setup: WorkerLogSetup | None = None  # the main process's logging (spawn/forkserver start without it)
+    # (dataset, seed) at each later epoch of persistent workers whose Reset carries a seed
+    reseed: Callable[[Any, int], None] | None = None
 
 
 def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, results: Connection,
@@ -258,11 +260,13 @@ class _Worker:
             elif isinstance(msg, Detach):
                 self.detach(msg.names)
             elif isinstance(msg, Reset):
-                self.reset(msg.epoch)
+                self.reset(msg.epoch, msg.seed)
 
-    def reset(self, epoch: int) -> None:
+    def reset(self, epoch: int, seed: int | None = None) -> None:
         self.epoch = epoch
         self.pending.clear()
+        if seed is not None and self.spec.reseed is not None:  # before the dataset is iterated again
+            self.spec.reseed(self.spec.dataset, seed)
         if isinstance(self.fetcher, IterableFetcher):
             self.fetcher.reset()
 

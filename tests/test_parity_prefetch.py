@@ -1,0 +1,108 @@
+"""torch parity of the pipeline's depth: with workers, ``iter(loader)`` sends ``prefetch_factor`` tasks
+per worker at once, and each ``next()`` sends the next task before it returns its batch, so that
+many are in flight while the caller works — the sampler is read exactly as far ahead as torch's
+loader reads it, and a sampler that draws from torch's global RNG interleaves with the training
+loop's own draws as it does under torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils import data as tdata  # noqa: E402
+
+import shmloader.torch as st  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+class CountingSampler:
+    """``range(n)``, counting the indices read so far."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.read = 0
+
+    def __iter__(self) -> Any:
+        for i in range(self.n):
+            self.read += 1
+            yield i
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class GlobalRngSampler:
+    """Each index drawn from torch's global RNG as it is read (a custom sampler's common way)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        for _ in range(self.n):
+            yield int(torch.randint(0, self.n, ()).item())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _reads(loader_cls: type, **kwargs: Any) -> list[int]:
+    """The indices the sampler has given after ``iter()`` and after each of four ``next()``."""
+    sampler = CountingSampler(40)
+    loader = loader_cls(list(range(40)), sampler=sampler, **kwargs)
+    try:
+        it = iter(loader)
+        reads = [sampler.read]
+        for _ in range(4):
+            next(it)
+            reads.append(sampler.read)
+        return reads
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("num_workers", "prefetch_factor", "batch_size"),
+                         [(1, 2, 2), (2, 2, 2), (2, 1, None), (1, 1, 3)])
+def test_the_sampler_is_read_as_far_ahead_as_torchs_loader_reads_it(num_workers: int, prefetch_factor: int,
+                                                                    batch_size: int | None) -> None:
+    kwargs = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "batch_size": batch_size}
+    theirs = _reads(tdata.DataLoader, **kwargs)
+    assert _reads(st.DataLoader, **kwargs) == theirs
+    per_batch = batch_size or 1
+    assert theirs[0] == num_workers * prefetch_factor * per_batch  # in flight while the caller works
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_sampler_drawing_from_the_global_rng_interleaves_with_the_loop_as_under_torch(in_order: bool) -> None:
+    def run(loader_cls: type) -> list[Any]:
+        torch.manual_seed(0)
+        loader = loader_cls(list(range(16)), sampler=GlobalRngSampler(16), batch_size=2, num_workers=2,
+                            in_order=in_order)
+        batches, draws = [], []
+        try:
+            for batch in loader:  # the training step draws too (dropout, augmentation, ...)
+                batches.append(batch.tolist())
+                draws.append(torch.rand(()).item())
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+        return [batches if in_order else sorted(batches), draws]  # unordered: arrival order is the workers'
+
+    assert run(st.DataLoader) == run(tdata.DataLoader)
+
+
+@pytest.mark.timeout(60)
+def test_the_smallest_ring_still_loads_while_the_loop_holds_its_batch() -> None:
+    """At ``max_slots`` (the pipeline plus the batch in use) the task sent before a batch is handed
+    out waits for a slot to come free instead of raising RingExhausted."""
+    loader = st.DataLoader(list(range(24)), batch_size=2, num_workers=2, prefetch_factor=2, max_slots=5)
+    try:
+        seen = [batch.tolist() for batch in loader]  # the loop variable holds each batch across next()
+    finally:
+        loader.close()
+    assert seen == [[i, i + 1] for i in range(0, 24, 2)]
