@@ -106,3 +106,35 @@ def test_the_smallest_ring_still_loads_while_the_loop_holds_its_batch() -> None:
     finally:
         loader.close()
     assert seen == [[i, i + 1] for i in range(0, 24, 2)]
+
+
+class FailsAt:
+    """``range(n)``, raising ValueError when index ``at`` is read (a sampler's own bug)."""
+
+    def __init__(self, n: int, at: int) -> None:
+        self.n, self.at = n, at
+
+    def __iter__(self) -> Any:
+        for i in range(self.n):
+            if i == self.at:
+                raise ValueError(f"sampler failed at index {i}")
+            yield i
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.timeout(60)
+def test_a_sampler_error_while_the_next_task_is_sent_never_costs_the_batch_in_hand() -> None:
+    """next() sends the next task after taking its batch out of the slot: the sampler's error then
+    is raised at the next next(), the batch already made reaching the caller first (torch raises it
+    in place of that batch, which is lost to the caller and counted delivered by a saved state)."""
+    loader = st.DataLoader(list(range(16)), batch_size=2, sampler=FailsAt(16, 8), num_workers=2)
+    it = iter(loader)  # tasks 0-3 (indices 0-7) sent; task 4 would read index 8
+    try:
+        got = [next(it).tolist()]
+        with pytest.raises(ValueError, match="sampler failed at index 8"):
+            got.append(next(it).tolist())
+        assert got == [[0, 1]]
+    finally:
+        loader.close()

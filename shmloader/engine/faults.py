@@ -32,8 +32,9 @@ from shmloader.errors import (
     format_indices,
     format_tasks,
     plain_indices,
+    rebuild_worker_exception,
 )
-from shmloader.transport import shm_space
+from shmloader.transport import exc_types, shm_space
 
 Tasks = Mapping[int, Any]  # task -> its indices as the sampler made them (None: iterable dataset)
 Key = tuple[int, int]  # (epoch, task)
@@ -272,3 +273,12 @@ def stopped_after(iterator: str, cause: str) -> LoaderError:
 
 
 _OOM_KILLS_AT_START = _cgroup_oom_kills()
+
+
+def worker_exception(msg: Any, worker_id: int, pid: int | None, rec: Any) -> BaseException:
+    """A worker's ``Failed`` reply as the exception the caller gets: its own type where that can be
+    rebuilt here, torch's words, and the worker, pid, task and sample indices (``rec``: the task's
+    record, None for a failure outside a task)."""
+    return rebuild_worker_exception(exc_types.loads(msg.exc_type), msg.type_name, msg.traceback,
+                                    worker_id=worker_id, pid=pid, task=None if rec is None else rec.task,
+                                    indices=None if rec is None else rec.indices)

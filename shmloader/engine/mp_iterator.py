@@ -51,10 +51,9 @@ from shmloader.errors import (
     LoaderError,
     PluginError,
     batch_rebuild_error,
-    rebuild_worker_exception,
 )
 from shmloader.owner import ProcessOwner
-from shmloader.transport import codec, exc_types
+from shmloader.transport import codec
 from shmloader.transport.messages import Detach, Failed, Reset
 from shmloader.transport.preflight import ring_slots
 from shmloader.transport.segment import page_round
@@ -229,6 +228,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._user_error: BaseException | None = None
         guard = self._guard
         try:
+            if self._refill_error is not None:  # raised as the last batch was handed out: now its turn
+                error, self._refill_error = self._refill_error, None
+                raise error
             while True:
                 if guard.stop_requested:  # close() from another thread: it waits for us to return
                     raise self._closed_error()
@@ -349,16 +351,26 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
 
     # -- 2. deliver ----------------------------------------------------------------------------
     def _hand_out(self, rec: TaskRecord, msg: Any) -> Any:
-        """The due batch (or its error); first, as torch's iterator does, the next task is sent, so
-        ``prefetch_factor`` tasks per worker stay in flight while the caller uses the batch."""
+        """The due batch (or its error), after which, as torch's iterator does, the next task is
+        sent, so ``prefetch_factor`` tasks per worker stay in flight while the caller uses the batch.
+        An error in that send (the sampler's own) is raised at the next ``next()``: the batch
+        taken out of its slot reaches the caller first (tests/test_parity_prefetch.py)."""
         try:
             batch = self._deliver(rec, msg)
         except BaseException as exc:
             if exc is self._user_error:
-                self._dispatch(spare_only=True)
+                self._refill()
             raise
-        self._dispatch(spare_only=True)
+        self._refill()
         return batch
+
+    _refill_error: Exception | None = None
+
+    def _refill(self) -> None:
+        try:
+            self._dispatch(spare_only=True)
+        except Exception as exc:
+            self._refill_error = exc
 
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):
@@ -372,7 +384,9 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         except Exception as exc:  # the batch's own objects do not unpickle here: a data error, as a worker's
             del buf
             traceback.clear_frames(exc.__traceback__)  # the half-made views go now: the slot is free again
-            raise self._batch_failed(rec.task, self._rebuild_error(exc, rec)) from exc
+            raise self._batch_failed(rec.task, batch_rebuild_error(
+                exc, worker_id=rec.worker_id, pid=self._worker_pid(rec.worker_id), task=rec.task,
+                indices=rec.indices)) from exc
         del buf  # the views alone keep the slot now; none at all frees it
         self._record.delivered.add(rec.task)
         self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
@@ -380,15 +394,8 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                            len(self._ring.slots))
         return self._plan.finish(batch)
 
-    def _rebuild_error(self, exc: Exception, rec: TaskRecord) -> BaseException:
-        return batch_rebuild_error(exc, worker_id=rec.worker_id, pid=self._worker_pid(rec.worker_id), task=rec.task,
-                                   indices=rec.indices)
-
     def _worker_pid(self, worker_id: int) -> int | None:
         return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
 
     def _worker_exception(self, msg: Failed, worker_id: int, rec: TaskRecord | None) -> BaseException:
-        return rebuild_worker_exception(exc_types.loads(msg.exc_type), msg.type_name, msg.traceback,
-                                        worker_id=worker_id, pid=self._worker_pid(worker_id),
-                                        task=None if rec is None else rec.task,
-                                        indices=None if rec is None else rec.indices)
+        return faults.worker_exception(msg, worker_id, self._worker_pid(worker_id), rec)
