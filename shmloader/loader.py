@@ -18,9 +18,9 @@ and overrides ``_default_sampler``/``_default_batch_sampler`` to make torch's ow
 from __future__ import annotations
 
 import math
+import functools
 import multiprocessing
 import warnings
-import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
@@ -32,7 +32,8 @@ from shmloader._generators import seed_stream
 from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
-from shmloader.engine.iterator import BaseIter, SingleProcessIter, close_each
+from shmloader.engine.iterator import BaseIter, SingleProcessIter
+from shmloader.engine.live import LiveIterators
 from shmloader.engine.plan import Plan
 from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
@@ -160,7 +161,7 @@ class DataLoader(Generic[T_co]):
         self._pin = pinning.PinState()  # the one pin backend (chosen with the first ring) and its warning
         self._book = EpochBook(self)  # epochs, the latest record, a loaded resume (state.py's)
         self._iterator: BaseIter | None = None  # the persistent iterator
-        self._live: weakref.WeakSet[BaseIter] = weakref.WeakSet()  # every iterator close() must stop
+        self._live = LiveIterators()  # every iterator close() must stop, those being built included
         self._creator = ProcessOwner()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -226,24 +227,28 @@ class DataLoader(Generic[T_co]):
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or getattr(it, "closed", False):
-                self._iterator = self._get_iterator()
+                it = self._iterator = self._get_iterator()
+                if getattr(it, "closed", False):  # a close() in another thread stopped it as it was built
+                    self._iterator = None  # after the close's own reset: the loader keeps no closed one
             else:
                 with self._book.starting():  # a next epoch that fails to start starts no epoch either
                     it._reset(self._plan())
-            return self._iterator  # type: ignore[return-value]
+            return it
         return self._get_iterator()
 
     def _get_iterator(self) -> BaseIter:
+        """A new iterator, admitted to ``_live`` before it starts anything (engine/live.py)."""
+        ticket = self._live.ticket()  # a close() from here on stops what this call starts, or refuses it
         self._warn_pinning()
         with self._book.starting():  # an iterator that fails to start starts no epoch
             if self.num_workers == 0:
                 it: BaseIter = SingleProcessIter(self._plan())
+                self._live.admit(it, ticket)  # it started nothing: a refused one is just dropped
             else:
                 from shmloader.engine.mp_iterator import MultiProcessIter
 
                 self.check_worker_number_rationality()
-                it = MultiProcessIter(self._plan())
-        self._live.add(it)
+                it = MultiProcessIter(self._plan(), functools.partial(self._live.admit, ticket=ticket))
         return it
 
     def __len__(self) -> int:
@@ -258,13 +263,15 @@ class DataLoader(Generic[T_co]):
         """Stop everything this loader started: every worker of every iterator it handed out
         (persistent or not) and every segment of their rings. Batches you hold stay valid; a
         ``next()`` on any of those iterators raises ``LoaderClosed``; ``iter(loader)`` starts
-        afresh. A no-op in a process that inherited the loader (a forked worker). If one iterator
-        cannot be closed now (``LoaderError``: its ``next()`` in another thread did not return in
+        afresh. An ``iter(loader)`` under way in another thread is stopped too: this waits for its
+        build, then closes it; or that ``iter()`` raises ``LoaderClosed``, having started nothing.
+        A no-op in a process that inherited the loader (a forked worker). If one iterator cannot be
+        closed now (``LoaderError``: its ``next()`` or build in another thread did not end in
         time), the others are closed all the same, then that error is raised."""
         if not self._creator.here:
             return
         try:
-            close_each(self._live)  # every one, whatever one raises; then its error
+            self._live.close_all()  # every one, whatever one raises; then its error
         finally:
             self._iterator = None
 
@@ -330,22 +337,8 @@ class DataLoader(Generic[T_co]):
             return _collate.torch_default_collate if self._to_torch else _collate.default_collate
         return _collate.torch_default_convert if self._to_torch else _collate.default_convert
 
-    def _collate_plan(self) -> tuple[str, bool]:
-        """(collate kind, to_torch) for the worker: collate into the slot whenever it is ours or torch's."""
-        fn = self.collate_fn
-        torch_data = _torch_data_module()
-        if fn is _collate.default_collate:
-            return "builtin", False
-        if fn is _collate.torch_default_collate or (torch_data is not None and fn is torch_data.default_collate):
-            return "builtin", True
-        if fn is _collate.default_convert:
-            return "convert", False
-        if fn is _collate.torch_default_convert or (torch_data is not None and fn is torch_data.default_convert):
-            return "convert", True
-        return "user", False
-
     def _worker_spec(self, base_seed: int) -> WorkerSpec:
-        kind, to_torch = self._collate_plan()
+        kind, to_torch = _collate.worker_plan(self.collate_fn)
         return WorkerSpec(
             dataset=self.dataset, num_workers=self.num_workers, base_seed=base_seed,
             shm_dir=self._config.shm_dir, iterable=self._is_iterable, auto_collation=self._auto_collation,
@@ -391,9 +384,3 @@ class DataLoader(Generic[T_co]):
             return pinning.pin_copy(batch)
         return batch
 
-
-def _torch_data_module() -> Any:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return None if torch is None else getattr(getattr(torch, "utils", None), "data", None)

@@ -223,3 +223,80 @@ def test_close_from_a_signal_handler_while_next_waits_on_a_hung_worker() -> None
         helper.join(DEADLINE_S)
     assert rescued == [], "next() went on waiting after close() in a signal handler"
     assert _no_children()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [True, False])
+def test_close_while_iter_starts_the_iterator_stops_what_it_started(monkeypatch: pytest.MonkeyPatch,
+                                                                    persistent: bool) -> None:
+    """``loader.close()`` from another thread while ``iter(loader)`` was building its iterator
+    missed it (it joined the loader's iterators only once built): close() returned with its
+    workers running, a persistent loader kept it, and its ``next()`` gave batches. Now close()
+    waits for the build to end and stops it; its ``next()`` raises ``LoaderClosed``."""
+    from shmloader.engine.workers import WorkerPool
+
+    started, release = threading.Event(), threading.Event()
+    original = WorkerPool.start_all
+
+    def start_all_then_block(pool: WorkerPool) -> None:
+        original(pool)
+        started.set()
+        release.wait(DEADLINE_S)
+
+    monkeypatch.setattr(WorkerPool, "start_all", start_all_then_block)
+    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, persistent_workers=persistent)
+    out: dict[str, Any] = {}
+    builder = threading.Thread(target=lambda: out.update(it=iter(loader)), daemon=True)
+    builder.start()
+    assert started.wait(DEADLINE_S)
+    # the build goes on once close() has asked it to stop (or at once, where close() does not wait)
+    asked = lambda: _close_asked(builder) or release.is_set()  # noqa: E731
+    releaser = threading.Thread(target=lambda: (_until(asked, "close() to ask"), release.set()), daemon=True)
+    releaser.start()
+    loader.close()
+    release.set()
+    assert _no_children(), "close() returned with the workers of the iterator being built running"
+    builder.join(DEADLINE_S)
+    assert not builder.is_alive()
+    _assert_refused(out["it"])
+    assert loader._iterator is None
+    monkeypatch.setattr(WorkerPool, "start_all", original)
+    assert np.asarray(next(iter(loader))).tolist()[0] == fd.sample(0).tolist()  # usable again
+    loader.close()
+    assert _no_children()
+
+
+def _close_asked(builder: threading.Thread) -> bool:
+    """Whether a close() has asked the iterator ``builder`` is building to stop: it then waits for
+    the build, or (before the fix) has already returned."""
+    frame = sys._current_frames().get(builder.ident or -1)
+    while frame is not None:
+        it = frame.f_locals.get("self")
+        guard = getattr(it, "_guard", None)
+        if guard is not None:
+            return bool(guard.stop_requested)
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_close_before_iter_admits_its_iterator_refuses_it(monkeypatch: pytest.MonkeyPatch, num_workers: int) -> None:
+    """A close() that comes after ``iter(loader)`` began but before its iterator joined the
+    loader's (where close() cannot find it) makes that ``iter()`` raise, having started nothing."""
+    from shmloader.engine.live import LiveIterators
+
+    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=num_workers, persistent_workers=num_workers > 0)
+    original = LiveIterators.admit
+
+    def close_first(live: LiveIterators, it: Any, ticket: int) -> None:
+        monkeypatch.setattr(LiveIterators, "admit", original)
+        loader.close()  # as a close() from another thread would, just before the admission
+        original(live, it, ticket)
+
+    monkeypatch.setattr(LiveIterators, "admit", close_first)
+    with pytest.raises(LoaderClosed, match="while iter"):
+        iter(loader)
+    assert _no_children() and loader._iterator is None
+    assert np.asarray(next(iter(loader))).tolist()[0] == fd.sample(0).tolist()  # usable again
+    loader.close()

@@ -266,3 +266,55 @@ def test_restart_is_configurable_from_the_environment(monkeypatch: pytest.Monkey
     monkeypatch.setenv("SHMLOADER_ON_WORKER_DEATH", "restart")
     loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {6: "kill"}), batch_size=BATCH, num_workers=1)
     assert_exactly_once_in_order([b.copy() for b in loader])
+
+
+class GatedFirst:
+    """Sample 0 waits for a byte on ``gate`` (a pipe's read end, inherited through fork): its
+    task is late past any deadline until the main process lets it finish."""
+
+    def __init__(self, gate: int) -> None:
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == 0:
+            os.read(self.gate, 1)
+        return fd.sample(i)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["raise", "restart"])
+def test_a_reply_that_arrives_as_the_deadline_passes_is_used_not_killed(monkeypatch: pytest.MonkeyPatch,
+                                                                          policy: str) -> None:
+    """The wait for a late task timed out, then its batch arrived before the deadline was acted
+    on: ``_kill_hung`` killed the worker without reading it, so the batch was thrown away and the
+    task re-run as an attempt (or, without restarts, ``WorkerHung`` raised for a batch at hand).
+    Now the reply is read first, and the worker killed only if it still holds a late task."""
+    from shmloader.engine.wait import WaitAndRecover
+
+    gate_r, gate_w = os.pipe()
+    original = WaitAndRecover._on_quiet
+    released: list[int] = []
+
+    def reply_lands_first(self: Any, started: float) -> None:
+        w = self._pool.workers[0]
+        late = w.outstanding and time.monotonic() >= w.head_since + self._policy.deadline_s(w.ready)
+        if late and not released:
+            released.append(w.pid)
+            os.write(gate_w, b"x")
+            assert w.results.poll(20.0), "the late batch never came"  # in the pipe before the check
+        original(self, started)
+
+    monkeypatch.setattr(WaitAndRecover, "_on_quiet", reply_lands_first)
+    try:
+        loader = DataLoader(GatedFirst(gate_r), batch_size=1, num_workers=1, multiprocessing_context="fork",
+                            on_worker_death=policy, task_timeout_s=0.2)
+        got = [b.copy() for b in loader]
+    finally:
+        os.close(gate_r)
+        os.close(gate_w)
+    assert released, "the wait never timed out on the late task"
+    assert [g.tolist() for g in got] == [[fd.sample(i).tolist()] for i in range(4)]
+    assert loader.stats()["worker_restarts"] == 0

@@ -288,3 +288,19 @@ def _convert(data: Any, torch: Any) -> Any:
         # tuples become lists here (torch: "Backwards compatibility.")
         return rebuild_sequence(data, [_convert(d, torch) for d in data])
     return data
+
+
+def worker_plan(fn: Any) -> tuple[str, bool]:
+    """(collate kind, to_torch) a worker runs for the loader's ``collate_fn``: ours or torch's own
+    default is collated straight into the slot ("builtin", "convert"); any other is the user's."""
+    torch = sys.modules.get("torch")
+    torch_data = None if torch is None else getattr(getattr(torch, "utils", None), "data", None)
+    if fn is default_collate:
+        return "builtin", False
+    if fn is torch_default_collate or (torch_data is not None and fn is torch_data.default_collate):
+        return "builtin", True
+    if fn is default_convert:
+        return "convert", False
+    if fn is torch_default_convert or (torch_data is not None and fn is torch_data.default_convert):
+        return "convert", True
+    return "user", False

@@ -33,6 +33,7 @@ import os
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from shmloader.engine import faults
@@ -73,17 +74,23 @@ def _close_all() -> None:
 class MultiProcessIter(WaitAndRecover, BaseIter):
     _shut_done = False  # workers stopped and ring unlinked (end of a non-persistent epoch, a fault, close)
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, admit: Callable[[BaseIter], None]) -> None:
+        """Build and start; ``admit`` (``LiveIterators.admit``) records it first, or refuses it."""
         self._creator = ProcessOwner()
         self._guard = StepGuard()  # the thread inside next() owns this iterator (engine/stepguard.py)
+        # so does the one building it: a close() from another thread waits for the build (on_stop)
+        self._guard.step("iter(loader)", functools.partial(self._construct, plan, admit), on_stop=self._close_owned)
+
+    def _construct(self, plan: Plan, admit: Callable[[BaseIter], None]) -> None:
         try:
+            admit(self)  # before anything starts: a close() since iter(loader) began refuses it here
             self._build(plan)
             for w in self._pool.workers:
                 self._observe(plan.events.worker_started, w.id, w.pid)  # an observer's error: at the first next()
             self._begin_epoch()
             self._dispatch(spare_only=True)  # torch's iter() sends prefetch_factor tasks per worker at once
         except BaseException:  # the sampler, the ring, a worker's start, a Ctrl-C: what was made goes
-            self.close()
+            self._close_owned()  # close() would only leave a request: this thread holds the step lock
             raise
 
     def _build(self, plan: Plan) -> None:

@@ -307,6 +307,15 @@ class WaitAndRecover:
             raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
+        """Kill ``w``, which held a task past its deadline when the wait timed out, unless the
+        replies now waiting on its pipe say otherwise: read first, a batch that came as the wait
+        ended is used, never thrown away with its worker and its task re-run as an attempt."""
+        self._drain(w)  # a closed pipe (a death) is left to the kill and join below
+        if self._fault is not None:
+            return  # raised at the next wait, which shuts every worker down
+        limit_s = self._policy.deadline_s(w.ready)  # a Ready just read ends the start-up deadline
+        if not w.outstanding or time.monotonic() < w.head_since + limit_s:
+            return  # it answered: the task it works on now has its own deadline
         key = w.outstanding[0]
         rec = self._ledger.get(key)
         logger.warning("worker %d (pid %s) spent more than %s s on %s; killing it", w.id, w.pid, limit_s,

@@ -59,12 +59,16 @@ def to_device(loader: Iterable[Any], device: Any, non_blocking: bool = True, *,
 
 
 class _Copy:
-    """One batch in flight: its source (which holds the slot lease), its copy and the event."""
+    """One batch in flight: its source (which holds the slot lease), its copy and the event
+    (``_UNCOPIED`` until the copy is enqueued: a Ctrl-C inside the copy leaves it so), and the
+    mark from before it was read (where the state stands while it is copied again)."""
 
-    __slots__ = ("source", "moved", "event")
+    __slots__ = ("source", "moved", "event", "mark")
+    moved: Any  # set with the event, and read only once the event is
 
-    def __init__(self, source: Any, moved: Any, event: Event) -> None:
-        self.source, self.moved, self.event = source, moved, event
+    def __init__(self, source: Any, mark: _Mark | None) -> None:
+        self.source, self.mark = source, mark
+        self.event: Event = _UNCOPIED
 
 
 class _Mark:
@@ -122,6 +126,7 @@ class _Done:
 
 
 _DONE = _Done()
+_UNCOPIED = _Done()  # the event of a batch read whose copy is not enqueued: there is nothing to wait for
 
 
 def device_name(device: Any) -> str:
@@ -198,7 +203,8 @@ class DevicePrefetcher(Owned):
     def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[_Copy],
                save: Callable[[_state.EpochRecord], dict[str, Any]] | None) -> bool:
         """Read the next batch and enqueue its copy (False: the epoch has no more); first mark
-        where the loader's epoch stood."""
+        where the loader's epoch stood. The batch is pending from its read on: a Ctrl-C inside
+        its copy leaves it there, uncopied, for ``_copy_again``."""
         record = getattr(batches, "_record", None)  # a loader's iterator keeps its epoch record
         mark = None
         if save is not None and isinstance(record, _state.EpochRecord):
@@ -212,9 +218,35 @@ class DevicePrefetcher(Owned):
         except Exception:  # the batch's error: once raised, the epoch stands after it (it is delivered)
             self.failed_mark = mark() if mark is not None else None
             raise
-        moved, event = transfer.copy(source, self.device, stream, self.non_blocking)
-        pending.append(_Copy(source, moved, event))
+        copy = _Copy(source, self._mark)
+        pending.append(copy)
+        try:
+            moved, event = transfer.copy(source, self.device, stream, self.non_blocking)
+        except Exception:  # the copy's own error (a CUDA error): the batch goes as it passes
+            pending.pop()
+            raise
+        copy.moved = moved
+        copy.event = event  # last: a copy with its event is whole (_copy_again's, inlined: once per batch)
         return True
+
+    def _copy_again(self, pending: deque[_Copy], transfer: Transfer, stream: Any) -> None:
+        """Copy the batch read last, whose copy a Ctrl-C or SystemExit cut short. The loader
+        counts it handed over already: the state stands where it stood before its read."""
+        self._mark = pending[-1].mark
+        self.failed_mark = None
+        self._copy(pending, transfer, stream)
+
+    def _copy(self, pending: deque[_Copy], transfer: Transfer, stream: Any) -> None:
+        """Enqueue the copy of the batch read last. A ``BaseException`` (Ctrl-C) leaves it pending,
+        uncopied; the copy's own error (a CUDA error) lets it go as the error passes."""
+        copy = pending[-1]
+        try:
+            moved, event = transfer.copy(copy.source, self.device, stream, self.non_blocking)
+        except Exception:
+            pending.pop()
+            raise
+        copy.moved = moved
+        copy.event = event  # last: a copy with its event is whole
 
     @owner_only()
     def _release_finished(self) -> None:
@@ -230,7 +262,7 @@ class DevicePrefetcher(Owned):
         """End of the epoch or an early stop: every copy finishes before its slot is let go.
         Inert in a process that inherited this prefetcher (its copies are not this process's)."""
         for copy in (*self.held, *pending):
-            copy.event.synchronize()
+            copy.event.synchronize()  # _UNCOPIED (a Ctrl-C cut the copy short): nothing to wait for
         self.held.clear()
         pending.clear()
 
@@ -243,7 +275,9 @@ class _Epoch:
     error at the next ``next()``, and the epoch goes on after it, as it does on the loader itself.
     A ``BaseException`` there (``KeyboardInterrupt``, ``SystemExit``) is raised at once, but batch k
     stays pending: it is the next batch handed out, its source is let go only once its copy is done,
-    and ``state_dict()`` stands before it.
+    and ``state_dict()`` stands before it. So does batch k+1 when such an exception lands inside
+    its copy, after the loader handed it over: it stays pending, uncopied, and is copied again at
+    the next ``next()`` (``_read``), which hands out k, then k+1 in its place.
     When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
     let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
     """
@@ -274,7 +308,7 @@ class _Epoch:
 
     def __next__(self) -> Any:
         pre, pending = self.pre, self.pending
-        if not pending:
+        if not pending or pending[0].event is _UNCOPIED:  # nothing read ahead, or its copy was cut short
             if self.error is not None:  # read ahead while the batch before it was in the caller's hands
                 exc, self.error = self.error, None
                 pre._mark = self.error_mark  # handed out as its error: the state is after it now
@@ -307,8 +341,11 @@ class _Epoch:
         return moved
 
     def _read(self) -> None:
-        if not self.done:
-            self.done = not self.pre._start(self.batches, self.transfer, self.stream, self.pending, self.save)
+        pending = self.pending
+        if pending and pending[-1].event is _UNCOPIED:  # read, but a Ctrl-C cut its copy short: copy it again
+            self.pre._copy_again(pending, self.transfer, self.stream)
+        elif not self.done:
+            self.done = not self.pre._start(self.batches, self.transfer, self.stream, pending, self.save)
 
     def _end(self) -> None:
         self.pre._mark = None  # the epoch ended: the loader's state (the next epoch's start) is right
