@@ -12,12 +12,22 @@ iterator or comes before it starts anything, never between.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import weakref
 from typing import Any
 
 from shmloader.engine.iterator import close_each
 from shmloader.errors import LoaderClosed
+
+# Every multi-process iterator of this process not yet shut, whatever loader made it: closed at
+# interpreter exit, so no worker outlives the script that forgot to close its loader.
+IN_PROCESS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    close_each(IN_PROCESS)
 
 
 class LiveIterators:

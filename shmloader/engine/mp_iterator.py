@@ -27,19 +27,17 @@ thread wakes it and waits for it to return before anything is shut.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import time
 import traceback
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.engine import faults
+from shmloader.engine import faults, live
 from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher, task_indices
 from shmloader.engine.growth import Growths
-from shmloader.engine.iterator import BaseIter, IterState, close_each
+from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
 from shmloader.engine.reorder import Reorder
@@ -63,12 +61,6 @@ from shmloader.worker_info import task_seed
 
 FIRST_SLOT_BYTES = 1 << 20
 _BROKEN_GRACE_S = 0.1  # how long a failed loader waits for workers to take the stop message
-_live: weakref.WeakSet[MultiProcessIter] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    close_each(_live)
 
 
 class MultiProcessIter(WaitAndRecover, BaseIter):
@@ -115,7 +107,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         self._ledger = Ledger(self._ring)
         self._growths = Growths(self._ledger)
         self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)
-        _live.add(self)
+        live.IN_PROCESS.add(self)
         if cfg.slot_bytes:
             plan.preflight(self._ring, self._slot_bytes, ring_slots(self._num_workers, self._prefetch))
         self._pool.start_all()
@@ -192,7 +184,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
                     ring.close()
             finally:
                 self._guard.close_pipe()
-                _live.discard(self)
+                live.IN_PROCESS.discard(self)
 
     def __del__(self) -> None:
         try:

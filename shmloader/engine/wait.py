@@ -30,7 +30,7 @@ from typing import Any
 from shmloader.engine import faults
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
-from shmloader.engine.workers import WorkerHandle
+from shmloader.engine.workers import WorkerHandle, join_killed
 from shmloader.errors import describe_exit
 from shmloader.log import logger
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
@@ -324,7 +324,7 @@ class WaitAndRecover:
             os.kill(w.pid or 0, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        w.process.join()
+        join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or self._iterable:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
                                          starting=not w.ready, iterable=self._iterable))
