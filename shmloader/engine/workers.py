@@ -340,7 +340,7 @@ def _reap(w: WorkerHandle) -> None:
     w.unsent.clear()  # nobody will read it now
     w.backlog.discard(w)
     _live_workers.discard(p)
-    _close(w.tasks, w.results, *([w.task_reader] if w.task_reader is not None else []))
+    _close(w.tasks, w.results, w.task_reader)
 
 
 def join_killed(w: WorkerHandle) -> None:
@@ -352,8 +352,10 @@ def join_killed(w: WorkerHandle) -> None:
                        w.id, w.pid, KILLED_JOIN_S)
 
 
-def _close(*conns: Connection) -> None:
+def _close(*conns: Connection | None) -> None:
     for conn in conns:
+        if conn is None:
+            continue
         try:
             conn.close()
         except OSError:

@@ -218,15 +218,8 @@ class DevicePrefetcher(Owned):
         except Exception:  # the batch's error: once raised, the epoch stands after it (it is delivered)
             self.failed_mark = mark() if mark is not None else None
             raise
-        copy = _Copy(source, self._mark)
-        pending.append(copy)
-        try:
-            moved, event = transfer.copy(source, self.device, stream, self.non_blocking)
-        except Exception:  # the copy's own error (a CUDA error): the batch goes as it passes
-            pending.pop()
-            raise
-        copy.moved = moved
-        copy.event = event  # last: a copy with its event is whole (_copy_again's, inlined: once per batch)
+        pending.append(_Copy(source, self._mark))
+        self._copy(pending, transfer, stream)
         return True
 
     def _copy_again(self, pending: deque[_Copy], transfer: Transfer, stream: Any) -> None:
