@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from shmloader.errors import DescriptorError
-from shmloader.transport.ring import Ring, Slot, SlotState
+from shmloader.transport.ring import Ring, Slot
 
 Key = tuple[int, int]  # (epoch, task)
 
@@ -83,14 +83,6 @@ class Ledger:
                 yield rec
 
     # -- transitions -----------------------------------------------------------------------------
-    def has_room(self) -> bool:
-        """Whether ``assign`` can have a slot at once: a free one, or the ring below ``max_slots``."""
-        ring = self.ring
-        if not ring.max_slots or len(ring.slots) < ring.max_slots:
-            return True
-        ring.collect_released()
-        return ring.count(SlotState.FREE) > 0
-
     def assign(self, epoch: int, task: int, indices: Any, min_bytes: int) -> TaskRecord:
         """A new task in flight, holding a free slot of at least ``min_bytes`` (the ring grows when
         every slot is taken)."""

@@ -294,7 +294,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             try:
                 self._skip_delivered()  # first, so the worker is chosen for the task number it runs
                 w = self._dispatcher.pick(self._next_task, held, exhausted)
-                if w is None or (spare_only and not self._ledger.has_room()):
+                if w is None or (spare_only and not self._ring.has_room()):
                     return
                 indices = self._next_indices()
             except StopIteration:

@@ -13,12 +13,7 @@ so a stale or doubled free can never hand a slot that another task is writing to
 is never handed out while a view of its previous batch is alive; ``close()`` unlinks every
 segment, and a segment the user still views stays mapped until the last view dies. The engine's
 ledger (``shmloader.engine.ledger``) is the only caller of the transitions. Slot *ids* are stable; a slot that is too
-small gets a new, larger segment (the old one is *retired*: unlinked, and its name queued so the
-workers can unmap it). The new segment is made at once (``resize``) or reserved a part at a time
-(``begin_resize``, then ``reserve`` until it returns True), so that the main process can see to
-its workers' replies between the parts (issue 16); until every byte is reserved it stays the
-slot's ``growing`` segment, which no worker is told of, no pin backend sees, and ``close()``
-unlinks like the others.
+small gets a new, larger segment, at once or a part at a time (``transport/ring_growth.py``).
 
 A lease is a ctypes buffer over the whole slot. Every array of the batch is a numpy view whose
 base is that buffer, so the buffer (and with it the slot) lives exactly as long as the last view;
@@ -46,47 +41,24 @@ fence instead of raising.
 from __future__ import annotations
 
 import ctypes
-import enum
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
 from typing import Any
 
 from shmloader.errors import RingExhausted, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
+from shmloader.transport.ring_growth import SlotGrowth
 from shmloader.transport.segment import Segment, page_round
 from shmloader.transport.shm_space import explain_enospc
+from shmloader.transport.slot import Slot, SlotState
+
+__all__ = ["Ring", "Slot", "SlotState"]
 
 
-class SlotState(enum.Enum):
-    FREE = "free"
-    ASSIGNED = "assigned"
-    FILLED = "filled"
-    LEASED = "leased"
-
-
-@dataclass(eq=False)
-class Slot:
-    """One reusable region: a slot id, its current segment, its state and, while it is assigned or
-    filled, the task that owns it (the ledger's key). A ``spent`` slot is free but its segment is
-    retired (another's fork may still map it): ``take`` gives it a fresh one first."""
-
-    id: int
-    segment: Segment
-    state: SlotState = SlotState.FREE
-    owner: Hashable | None = None
-    lease_serial: int = 0
-    growing: Segment | None = None  # the larger segment being reserved for the owner (begin_resize)
-    spent: bool = False
-
-    @property
-    def size_bytes(self) -> int:
-        return self.segment.size_bytes
-
-
-class Ring:
-    """A growable ring of slots backed by shared-memory segments of one shm directory."""
+class Ring(SlotGrowth):
+    """A growable ring of slots backed by shared-memory segments of one shm directory; a slot's
+    growth is ``SlotGrowth``'s (``transport/ring_growth.py``)."""
 
     def __init__(
         self,
@@ -117,6 +89,15 @@ class Ring:
     # -- counts --------------------------------------------------------------------------
     def count(self, state: SlotState) -> int:
         return sum(1 for s in self.slots if s.state is state)
+
+    def has_room(self) -> bool:
+        """Whether ``take`` or ``grow`` can give a slot at once, without waiting for a fence or
+        raising RingExhausted: the ring is below ``max_slots`` (or has none), or a slot is free
+        once the released ones are collected."""
+        if not self.max_slots or len(self.slots) < self.max_slots:
+            return True
+        self.collect_released()
+        return bool(self._free)
 
     # -- slot life cycle -----------------------------------------------------------------
     def take(self, min_bytes: int, owner: Hashable) -> Slot | None:
@@ -164,45 +145,6 @@ class Ring:
                 self._retire(segment, told=False)
             raise
         return slot
-
-    def resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
-        """Give an assigned slot a new segment of at least ``min_bytes`` (the batch did not fit)."""
-        self._check(slot, owner, "resize", SlotState.ASSIGNED)
-        old = slot.segment
-        slot.segment = self._new_segment(min_bytes)
-        self._retire(old)
-
-    def begin_resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
-        """Start giving an assigned slot a larger segment: made now, its bytes reserved by ``reserve``."""
-        self._check(slot, owner, "resize", SlotState.ASSIGNED)
-        self.abandon_resize(slot, owner)  # none in practice: a task is re-sent before it can grow again
-        slot.growing = self._new_segment(min_bytes, reserve=False)
-
-    def reserve(self, slot: Slot, owner: Hashable, nbytes: int) -> bool:
-        """Reserve up to ``nbytes`` more of the slot's growing segment; once every byte is, it replaces
-        the slot's segment (the old one retired) and this returns True. A reservation that fails
-        (a full directory: ShmSpaceError) drops the growing segment."""
-        self._check(slot, owner, "resize", SlotState.ASSIGNED)
-        segment = slot.growing
-        if segment is None:
-            return True
-        try:
-            with explain_enospc(self.shm_dir, segment.size_bytes):
-                if not segment.reserve(nbytes):
-                    return False
-            self._created(segment)
-        except BaseException:
-            self._drop_growing(slot)
-            raise
-        slot.growing = None
-        old, slot.segment = slot.segment, segment
-        self._retire(old)
-        return True
-
-    def abandon_resize(self, slot: Slot, owner: Hashable) -> None:
-        """Drop the slot's growing segment, if any (its task will not be sent again)."""
-        self._check(slot, owner, "abandon the growth of", SlotState.ASSIGNED)
-        self._drop_growing(slot)
 
     def fill(self, slot: Slot, owner: Hashable) -> None:
         """The worker wrote ``owner``'s batch: the slot is in flight to the user."""
@@ -372,12 +314,6 @@ class Ring:
         lease = self._leases[slot.id]
         if not lease.alive and self._lingering.pop(slot.id, None) is not None:  # died meanwhile
             retire_lingering(segment, self._on_retire)
-
-    def _drop_growing(self, slot: Slot) -> None:
-        """Unlink the slot's growing segment, if any: no worker was told of it, no pin backend saw it."""
-        if slot.growing is not None:
-            segment, slot.growing = slot.growing, None
-            self._retire(segment, told=False, hook=False)
 
     def _retire(self, segment: Segment, told: bool = True, hook: bool = True) -> None:
         """Unlink and unmap; ``told``: workers may map it, so queue its name for them to unmap;
