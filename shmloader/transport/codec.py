@@ -25,8 +25,9 @@ that ``__main__`` (the re-imported script, or none) does not hold, and plain pic
 again by an encoder that writes ``("m", qualname)`` for every class and function whose module is
 ``__main__``, and the main process's decoder returns its own ``__main__.<qualname>`` — its class,
 untouched (cloudpickle would send the class by value, and loading that overwrites the main
-class's attributes and methods with the worker's copies on every batch). The retry starts from
-the slot position the first try started from, so it places and shares arrays exactly as one try.
+class's attributes and methods with the worker's copies on every batch): ``transport/main_names.py``.
+The retry starts from the slot position the first try started from, so it places and shares arrays
+exactly as one try.
 
 The common case — a list or tuple of plain ndarrays that collate already wrote into the slot — takes
 a flat form instead, a tuple with no pickle (``transport/flat.py``). ``encode`` returns either
@@ -47,6 +48,7 @@ from shmloader.collate.context import SlotFull
 from shmloader.errors import DescriptorError
 from shmloader.transport.alloc import SlotAllocator, align_up
 from shmloader.transport.flat import Flat, describe_flat, extent, flat_views
+from shmloader.transport.main_names import main_object, main_ref
 from shmloader.transport.torch_views import (
     HeapCopies,
     copy_bytes,
@@ -167,19 +169,10 @@ class _NamingEncoder(_Encoder):
         elif self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
             record = self._tensor(obj)
         elif isinstance(obj, _NAMEABLE):
-            return _main_ref(obj)
+            return main_ref(obj)
         if record is not None:
             self._records[id(obj)] = len(self._records)
         return record
-
-
-def _main_ref(obj: type | types.FunctionType) -> tuple[str, str] | None:
-    """``("m", qualname)`` for a class or function of ``__main__`` that its name can find (not a
-    local one, nor a lambda), else None."""
-    if obj.__module__ != "__main__":
-        return None
-    qualname = obj.__qualname__
-    return None if "<" in qualname else ("m", qualname)
 
 
 def encode(batch: Any, alloc: SlotAllocator) -> tuple[bytes | Flat, int]:
@@ -252,7 +245,7 @@ class _NamingMeasurer(_Measurer):
 
     def persistent_id(self, obj: Any) -> Any:
         pid = super().persistent_id(obj)
-        if pid is None and isinstance(obj, _NAMEABLE) and _main_ref(obj) is not None:
+        if pid is None and isinstance(obj, _NAMEABLE) and main_ref(obj) is not None:
             return 0
         return pid
 
@@ -289,7 +282,7 @@ class _Decoder(pickle.Unpickler):
         if kind == "=":
             return self._again(record)
         if kind == "m":
-            return _main_object(record)
+            return main_object(record)
         if kind == "a":
             _, offset, dtype, shape, strides = record
             self._check(offset, *extent(shape, strides, np.dtype(dtype).itemsize))
@@ -333,18 +326,3 @@ def decode(payload: bytes | Flat, buf: Any, size_bytes: int) -> tuple[Any, int]:
         raise DescriptorError(f"a descriptor is bytes or a flat tuple, not {type(payload).__name__}")
     dec = _Decoder(io.BytesIO(payload), buf, size_bytes)
     return dec.load(), dec.views
-
-
-def _main_object(record: tuple) -> Any:
-    """The main script's class or function that a ``("m", qualname)`` record names (``_NamingEncoder``)."""
-    qualname = record[1] if len(record) == 2 else None
-    if type(qualname) is not str or not qualname:
-        raise DescriptorError(f"descriptor record {record!r} names no object of the main script")
-    obj: Any = sys.modules.get("__main__")
-    try:
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:  # a data error (raised with the task's worker and indices), not the engine's
-        raise pickle.UnpicklingError(f"the batch holds __main__.{qualname}, which this process's main "
-                                     f"module does not define") from None
-    return obj

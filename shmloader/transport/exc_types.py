@@ -3,7 +3,7 @@
 Owns nothing; runs in both processes: ``dumps`` in the worker, ``loads`` in the main process.
 Promises: a class travels by reference, as pickle sends it, so the main process raises its own
 class; one of the main script travels by its name and comes back as the main process's
-``__main__.<qualname>``, as a batch's classes do (``transport/codec.py``). Why: under spawn and
+``__main__.<qualname>``, as a batch's classes do (``transport/main_names.py``). Why: under spawn and
 forkserver the dataset reaches a worker by value (cloudpickle), so an exception class of the main
 script is there a copy that the worker's ``__main__`` does not hold, and plain pickle refused it
 ("not the same object as __main__.BadSample"): the main process had no type to rebuild, and raised
@@ -16,21 +16,21 @@ import io
 import pickle
 from typing import Any
 
-from shmloader.transport.codec import _main_object, _main_ref
+from shmloader.transport.main_names import main_object, main_ref
 
 
 class _Pickler(pickle.Pickler):
     """Names a class or function of the main script (``("m", qualname)``); pickles the rest."""
 
     def persistent_id(self, obj: Any) -> Any:
-        return _main_ref(obj) if isinstance(obj, type) else None
+        return main_ref(obj) if isinstance(obj, type) else None
 
 
 class _Unpickler(pickle.Unpickler):
     """Turns ``("m", qualname)`` back into the main process's own object of that name."""
 
     def persistent_load(self, pid: Any) -> Any:
-        return _main_object(pid)
+        return main_object(pid)
 
 
 def dumps(exc_type: type[BaseException]) -> bytes | None:
