@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmloader import state as _state
+from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
 from shmloader.errors import LoaderClosed, PluginError
@@ -194,7 +195,8 @@ def close_each(iterators: Iterable[BaseIter]) -> None:
 
 class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
-    ``collate_threads`` of ``collate.threads``), into ordinary memory."""
+    ``collate_threads`` of ``collate.threads``), into ordinary memory (large arrays into buffers of
+    the iterator's ``collate.heap_pool.HeapPool``, reused once no batch refers to them)."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -202,6 +204,7 @@ class SingleProcessIter(BaseIter):
         self._fetcher = make_fetcher(self._spec)
         # Large numpy stacks split over a few threads, as torch.stack does here (issue 16); workers don't.
         self._stack = stack_for(plan.config.collate_threads)
+        self._pool = HeapPool()  # large batch buffers, reused once nothing refers to them
         self._pending: _Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
 
     def _take_task(self) -> _Pending:
@@ -219,8 +222,13 @@ class SingleProcessIter(BaseIter):
         except StopIteration:
             if self._state is IterState.RUNNING:
                 self._state = IterState.EXHAUSTED
+                self._pool.clear()
                 self._plan.events.epoch_end()
             raise
+
+    def close(self) -> None:
+        super().close()
+        self._pool.clear()
 
     def _fetch_next(self) -> Any:
         if self._state is IterState.CLOSED:
@@ -241,7 +249,7 @@ class SingleProcessIter(BaseIter):
                     pending.rngs = None if seed is None else _rng_states()  # a collate retry goes on from here
                 t1 = time.perf_counter()
                 batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules,
-                                    pending.data, _heap_alloc, self._stack)
+                                    pending.data, self._pool.alloc, self._stack)
             except StopIteration:
                 self._pending = None
                 raise
@@ -324,8 +332,3 @@ def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
     if torch is not None and states[2] is not None:
         torch.set_rng_state(states[2])
 
-
-def _heap_alloc(shape: tuple[int, ...], dtype: Any) -> Any:
-    import numpy as np
-
-    return np.empty(shape, dtype=dtype)
