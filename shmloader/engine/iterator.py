@@ -260,9 +260,11 @@ class SingleProcessIter(BaseIter):
         t2 = time.perf_counter()
         try:
             batch = self._plan.finish(batch)  # pinning's copy: a Ctrl-C there leaves the task pending too
-        except Exception:
-            self._pending = None  # a pinning failure: the batch is gone, and counted, as always
-            self._record.delivered.add(task)
+        except Exception as exc:
+            # a pinning failure: the batch's error, handed out in its place, so also counted
+            # yielded (an iterable dataset's resume fast-forwards by that count)
+            self._pending = None
+            self._batch_failed(task, exc)
             raise
         self._pending = None
         self._record.delivered.add(task)
