@@ -34,9 +34,17 @@ __all__ = ["REUSE_MIN_BYTES", "HeapPool"]
 
 REUSE_MIN_BYTES = 32 * 1024 * 1024  # glibc's largest mmap threshold: below it freed memory is reused
 _UINT8 = np.dtype(np.uint8)
-# References to a pooled buffer that are the pool's own, as sys.getrefcount sees them inside
-# _free(): the pool's list, the local variable and getrefcount's own argument.
-_OWN_REFS = 3
+
+
+def _refs(buffers: list[np.ndarray], i: int) -> int:
+    """``sys.getrefcount`` of ``buffers[i]``, counted the one way the pool counts it."""
+    return sys.getrefcount(buffers[i])
+
+
+# What _refs counts for a buffer that only the pool's list refers to: measured, not assumed, since
+# CPython's counts change between versions (3.14 borrows references to locals it loads: a
+# getrefcount(local) one lower than 3.11's would make a buffer a batch still holds look free).
+_OWN_REFS = _refs([np.empty(0, dtype=_UINT8)], 0)
 
 
 class HeapPool:
@@ -62,9 +70,9 @@ class HeapPool:
         """A buffer of exactly ``nbytes`` that only the pool refers to: one held, or a new one."""
         other = None
         for i in range(len(self._buffers)):  # not enumerate(): its reused tuple holds a reference
-            raw = self._buffers[i]
-            if sys.getrefcount(raw) > _OWN_REFS:
+            if _refs(self._buffers, i) > _OWN_REFS:
                 continue  # a live batch (or anything made from it) still refers to it
+            raw = self._buffers[i]
             if raw.nbytes == nbytes:
                 return raw
             other = i
