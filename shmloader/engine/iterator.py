@@ -237,8 +237,20 @@ class SingleProcessIter(BaseIter):
             raise StopIteration
         pending = self._pending or self._take_task()
         # Until its batch (or its error) is handed out, the task stays pending: a Ctrl-C or
-        # SystemExit in the fetch or collate leaves it for the next next(), as a worker's batch is.
+        # SystemExit in the fetch, collate, pinning copy or an observer's report leaves it for the
+        # next next(), as a worker's batch is (a batch made stays made: only its report is made again).
         self._pending = pending
+        if pending.batch is _UNMADE:
+            pending.batch, pending.times = self._make(pending)
+        # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
+        self._report_batch(pending.task, -1, 0, *pending.times)
+        self._pending = None
+        self._record.delivered.add(pending.task)
+        return pending.batch
+
+    def _make(self, pending: _Pending) -> tuple[Any, tuple[float, float, float]]:
+        """The pending task's batch, fetched, collated and (pin_memory) pinned, and its times (fetch,
+        collate, both); its error is the batch's, raised in its place (``_batch_failed``)."""
         task, spec = pending.task, self._spec
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
@@ -266,14 +278,11 @@ class SingleProcessIter(BaseIter):
             self._pending = None
             self._batch_failed(task, exc)
             raise
-        self._pending = None
-        self._record.delivered.add(task)
-        # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
-        self._report_batch(task, -1, 0, t1 - t0, t2 - t1, t2 - t0)
-        return batch
+        return batch, (t1 - t0, t2 - t1, t2 - t0)
 
 
 _UNFETCHED: Any = object()
+_UNMADE: Any = object()
 
 
 @dataclass
@@ -288,6 +297,8 @@ class _Pending:
     index: Any
     data: Any = _UNFETCHED
     rngs: tuple[Any, Any, Any] | None = None  # with per-task seeding: where a retry's RNGs go on from
+    batch: Any = _UNMADE  # made, and waiting for its report (an interrupt in an observer) to be handed out
+    times: tuple[float, float, float] = (0.0, 0.0, 0.0)  # fetch, collate, both: what the report says
 
 
 @contextlib.contextmanager
