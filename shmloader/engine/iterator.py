@@ -139,6 +139,7 @@ class BaseIter:
             raise
         except Exception as exc:
             if exc is self._user_error:  # a batch's error, handed out in its place
+                self._user_error = None  # kept, its traceback would hold this iterator in a cycle
                 self._record.yielded += 1
             raise
         self._num_yielded += 1
@@ -162,6 +163,7 @@ class BaseIter:
             except Exception as exc:
                 if exc is not self._user_error:
                     raise
+                self._user_error = None
             self._fast_forward -= 1
 
     def _next_data(self) -> Any:
