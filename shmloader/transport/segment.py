@@ -63,7 +63,9 @@ import fcntl
 import mmap
 import os
 import secrets
+import signal
 import sys
+from collections.abc import Iterator
 
 from shmloader.errors import SegmentCollision
 from shmloader.log import logger
@@ -262,14 +264,16 @@ def _create_locked(shm_dir: str) -> tuple[str, str, int]:
     for _ in range(CREATE_ATTEMPTS):
         name = new_name()
         path = os.path.join(shm_dir, name)
+        fd = -1
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with _signals_held():  # a Ctrl-C right after the open would lose the new file's descriptor
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            ours = _lock(shm_dir, fd) and same_file(path, fd)  # not: removed or replaced before the lock
         except FileExistsError:
             continue  # taken (by chance, or by someone who listed the directory): a fresh name
-        try:
-            ours = _lock(shm_dir, fd) and same_file(path, fd)  # not: removed or replaced before the lock
         except BaseException:
-            _discard(path, fd)
+            if fd >= 0:
+                _discard(path, fd)
             raise
         if ours:
             return name, path, fd
@@ -281,6 +285,23 @@ def _create_locked(shm_dir: str) -> tuple[str, str, int]:
         "directory. Give this job a directory of its own: SHMLOADER_SHM_DIR (shm_dir=).",
         directory=shm_dir, name=name, attempts=CREATE_ATTEMPTS,
     )
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold every signal for this thread inside: a handler (SIGINT's ``KeyboardInterrupt``) runs as the
+    block ends, once what it wraps has stored its result. Python runs a handler as soon as a C call
+    returns, which could be between ``os.open`` creating a file and its descriptor reaching a name
+    (tests/test_leak_segment_create.py). A no-op where ``pthread_sigmask`` is missing."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    previous = mask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, previous)
 
 
 def _lock(shm_dir: str, fd: int) -> bool:
