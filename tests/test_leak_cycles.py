@@ -81,3 +81,36 @@ def test_an_iterator_dropped_after_a_dataset_error_is_freed_at_once(num_workers:
             fds.append(_fds())  # the first cycle may start shared helpers (the resource tracker)
         assert workers_left() == []
         assert fds[-1] <= fds[0], fds
+
+
+class Rows(Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(4, i, dtype=np.int64)
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: DataLoader <-> EpochBook, and a persistent iterator's plan "
+                   "holds the loader's bound methods; see this test's docstring")
+@pytest.mark.timeout(60)
+def test_a_persistent_loader_dropped_without_close_stops_its_workers_at_once() -> None:
+    """Known leak: every loader is in a reference cycle (``loader._book._loader``), and with
+    ``persistent_workers`` its iterator is in one with it (``loader._iterator._plan`` holds
+    ``loader._make_ring``, ``_worker_spec``, ``_finish_batch`` and the book). Dropping such a
+    loader without ``close()`` leaves its workers, pipes and segments to the cyclic collector:
+    with a training script's heap, 40 loaders dropped in a loop left 22 workers, 198 descriptors
+    and 66 segments running. torch's DataLoader has no such cycle (``del loader`` stops them)."""
+    loader = DataLoader(Rows(), batch_size=4, num_workers=2, persistent_workers=True)
+    gone = weakref.ref(loader)
+    try:
+        with no_cyclic_gc():
+            for _batch in loader:
+                pass
+            del loader, _batch
+            assert gone() is None
+            assert workers_left() == []
+    finally:
+        left = gone()
+        if left is not None:  # the leak: stop what it holds, so that the next test starts clean
+            left.close()
