@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shmloader import state as _state
 from shmloader._generators import draw_base_seed
+from shmloader.errors import LoaderError
 from shmloader.state_random import global_rng, snapshot, torch_bytes
 
 
@@ -41,11 +43,23 @@ class EpochBook:
     """Epochs started, the latest record, a pending resume, the seed a persistent iterator reuses."""
 
     def __init__(self, loader: Any) -> None:
-        self._loader = loader  # read for its sampler, dataset and generator (the stream it draws from) only
+        # read for its sampler, dataset and generator (the stream it draws from) only; weakly, since the
+        # loader holds the book: no cycle keeps a dropped loader (and its persistent workers) alive
+        self._loader_ref = weakref.ref(loader)
         self.epoch_count = 0
         self.record: _state.EpochRecord | None = None
         self.resume: _state.Resume | None = None
         self.reused_seed: int | None = None  # set while a persistent iterator will reuse its seed
+
+    @property
+    def _loader(self) -> Any:
+        """The loader (alive whenever it starts an epoch; an iterator without persistent workers
+        holds it, ``Plan.loader``); a LoaderError when a persistent iterator outlived it."""
+        loader = self._loader_ref()
+        if loader is None:
+            raise LoaderError("the DataLoader this iterator came from is gone (a persistent iterator kept "
+                              "after its loader was dropped): keep the loader to save or resume its state")
+        return loader
 
     def start(self, index_sampler: Any, iterable: bool, reuse_seed: int | None = None,
               draw_at_iter: bool = True) -> EpochStart:

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 from shmloader import collate as _collate
 from shmloader import loader_checks as checks
 from shmloader import loader_copy
+from shmloader import loader_services as services
 from shmloader._generators import seed_stream
 from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
@@ -281,12 +282,6 @@ class DataLoader(Generic[T_co]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def state_dict(self) -> dict[str, Any]:
         """Where iteration stands, as plain JSON-serialisable data (see docs/resume.md).
 
@@ -328,8 +323,9 @@ class DataLoader(Generic[T_co]):
             prefetch_factor=prefetch_factor, timeout_s=float(self.timeout), in_order=self.in_order,
             persistent=self.persistent_workers, iterable=self._is_iterable, auto_collation=self._auto_collation,
             index_sampler=self._index_sampler, len_called=self._IterableDataset_len_called, events=self._events,
-            book=self._book, context=self._mp_context, worker_spec=self._worker_spec, make_ring=self._make_ring,
-            preflight=self._preflight, finish=self._finish_batch,
+            book=self._book, context=self._mp_context, worker_spec=services.spec_maker(self),
+            make_ring=services.ring_maker(self), preflight=services.preflight(self.num_workers, self.prefetch_factor),
+            finish=services.finisher(self), loader=None if self.persistent_workers and self.num_workers else self,
         )
 
     def _default_collate_fn(self) -> Callable[[Any], Any]:
@@ -337,37 +333,9 @@ class DataLoader(Generic[T_co]):
             return _collate.torch_default_collate if self._to_torch else _collate.default_collate
         return _collate.torch_default_convert if self._to_torch else _collate.default_convert
 
-    def _worker_spec(self, base_seed: int) -> WorkerSpec:
-        kind, to_torch = _collate.worker_plan(self.collate_fn)
-        return WorkerSpec(
-            dataset=self.dataset, num_workers=self.num_workers, base_seed=base_seed,
-            shm_dir=self._config.shm_dir, iterable=self._is_iterable, auto_collation=self._auto_collation,
-            batch_size=self.batch_size, drop_last=self.drop_last, collate_kind=kind,
-            collate_fn=self.collate_fn if kind == "user" else None, to_torch=to_torch,
-            worker_init_fn=self.worker_init_fn, collate_rules=self._plugins.collate_rules(),
-            log_setup=worker_log_setup(),
-        )
-
     @property
     def _mp_context(self) -> BaseContext:
         return self.multiprocessing_context or multiprocessing.get_context()
-
-    def _make_ring(self) -> Ring:
-        shm_dir = self._config.shm_dir
-        if self._config.sweep:  # sweep=False / SHMLOADER_SWEEP=0: leave the directory alone
-            sweep_dead_segments(shm_dir)
-        # One backend per loader; it registers each segment once and unregisters it before unmap.
-        pin = pinning.backend_for(self)
-        # A dropped batch's slot is reused only once the copies enqueued before the drop are done.
-        fence = getattr(pin, "fence", None) if pin is not None and pin.device_pinned else None
-        return Ring(shm_dir, max_slots=self._config.max_slots,
-                    on_create=pin.register_segment if pin else None,
-                    on_retire=pin.unregister_segment if pin else None, fence=fence)
-
-    def _preflight(self, ring: Ring, slot_bytes: int, slots: int) -> None:
-        """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit (transport/preflight.py)."""
-        check_ring_fits(ring, slot_bytes, slots, num_workers=self.num_workers,
-                        prefetch_factor=self.prefetch_factor or 0)
 
     def _warn_pinning(self) -> None:
         pinning.check_requested(self)  # a bad SHMLOADER_PIN_BACKEND raises with workers or without
@@ -375,12 +343,3 @@ class DataLoader(Generic[T_co]):
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                           f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
         pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, once per loader
-
-    def _finish_batch(self, batch: Any) -> Any:
-        """Last step before the user: mark slot-backed tensors pinned, or pin (num_workers=0)."""
-        if self.pin_memory and self._pin.backend is not None:
-            return self._pin.backend.finish(batch)
-        if self.pin_memory and self.num_workers == 0 and pinning.accelerator_available():
-            return pinning.pin_copy(batch)
-        return batch
-

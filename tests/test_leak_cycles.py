@@ -20,6 +20,7 @@ import pytest
 from process_helpers import workers_left
 
 from shmloader import DataLoader, Dataset
+from shmloader.errors import LoaderError
 
 
 class Boom(ValueError):
@@ -91,17 +92,16 @@ class Rows(Dataset):
         return np.full(4, i, dtype=np.int64)
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: DataLoader <-> EpochBook, and a persistent iterator's plan "
-                   "holds the loader's bound methods; see this test's docstring")
 @pytest.mark.timeout(60)
-def test_a_persistent_loader_dropped_without_close_stops_its_workers_at_once() -> None:
-    """Known leak: every loader is in a reference cycle (``loader._book._loader``), and with
-    ``persistent_workers`` its iterator is in one with it (``loader._iterator._plan`` holds
+@pytest.mark.parametrize("torch_flavour", [False, True])
+def test_a_persistent_loader_dropped_without_close_stops_its_workers_at_once(torch_flavour: bool) -> None:
+    """Every loader was in a reference cycle (``loader._book._loader``), and with
+    ``persistent_workers`` its iterator in one with it (``loader._iterator._plan`` held
     ``loader._make_ring``, ``_worker_spec``, ``_finish_batch`` and the book). Dropping such a
-    loader without ``close()`` leaves its workers, pipes and segments to the cyclic collector:
+    loader without ``close()`` left its workers, pipes and segments to the cyclic collector:
     with a training script's heap, 40 loaders dropped in a loop left 22 workers, 198 descriptors
     and 66 segments running. torch's DataLoader has no such cycle (``del loader`` stops them)."""
-    loader = DataLoader(Rows(), batch_size=4, num_workers=2, persistent_workers=True)
+    loader = _loader_class(torch_flavour)(Rows(), batch_size=4, num_workers=2, persistent_workers=True)
     gone = weakref.ref(loader)
     try:
         with no_cyclic_gc():
@@ -114,3 +114,54 @@ def test_a_persistent_loader_dropped_without_close_stops_its_workers_at_once() -
         left = gone()
         if left is not None:  # the leak: stop what it holds, so that the next test starts clean
             left.close()
+
+
+def _loader_class(torch_flavour: bool) -> type:
+    if not torch_flavour:
+        return DataLoader
+    pytest.importorskip("torch")
+    import shmloader.torch
+
+    return shmloader.torch.DataLoader
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_dropped_is_freed_at_once(num_workers: int) -> None:
+    loader = DataLoader(Rows(), batch_size=4, num_workers=num_workers)
+    gone = weakref.ref(loader)
+    with no_cyclic_gc():
+        assert len(list(loader)) == 4
+        del loader
+        assert gone() is None, "the loader outlived its last reference (a reference cycle)"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iterator_goes_on_after_its_loader_is_dropped_as_torch_s_does(persistent: bool) -> None:
+    """``for batch in DataLoader(...)``: the loader is a temporary, the iterator is the loop's. A
+    loader dropped (or collected) must not stop an iterator someone still uses; the iterator's
+    workers stop when it is dropped in turn."""
+    it = iter(DataLoader(Rows(), batch_size=4, num_workers=2, persistent_workers=persistent))
+    gc.collect()  # whatever the loader's fate, it comes now
+    assert [int(b[0, 0]) for b in it] == [0, 4, 8, 12]
+    with no_cyclic_gc():
+        del it
+        assert workers_left() == []
+
+
+@pytest.mark.timeout(60)
+def test_an_iterator_s_state_needs_its_loader_and_says_so_when_gone() -> None:
+    """Without persistent workers the iterator keeps its loader (its state is the loader's); a
+    persistent iterator, which its loader holds, cannot, and says what is missing."""
+    it = iter(DataLoader(Rows(), batch_size=4, num_workers=2))
+    next(it)
+    gc.collect()
+    assert it.state_dict()["epoch"] is not None
+    del it
+    it = iter(DataLoader(Rows(), batch_size=4, num_workers=2, persistent_workers=True))
+    next(it)
+    gc.collect()
+    with pytest.raises(LoaderError, match="DataLoader this iterator came from is gone"):
+        it.state_dict()
+    it.close()

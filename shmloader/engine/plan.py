@@ -4,9 +4,10 @@ Owns nothing live; it is a frozen record the loader builds (``DataLoader._plan``
 iterator it makes (and, with persistent workers, to ``_reset`` each epoch). Runs in the main
 process. Promises: an iterator reads only its plan — never the loader's attributes — so what an
 iterator does is decided by one value the loader computed once, and the loader's privates have
-one reader. The callables are the loader's narrow services: building a ``WorkerSpec`` for a base
-seed, making the slot ring (with the loader's pin backend), the pre-flight space check, the last
-step of each batch (pinning), and the epoch bookkeeping of resume (``epoch_book.EpochBook``).
+one reader. The callables are the loader's narrow services (``loader_services``, none of which
+refers to the loader): building a ``WorkerSpec`` for a base seed, making the slot ring (with the
+loader's pin backend), the pre-flight space check, the last step of each batch (pinning); and the
+epoch bookkeeping of resume (``epoch_book.EpochBook``, which refers to its loader weakly).
 """
 
 from __future__ import annotations
@@ -47,3 +48,7 @@ class Plan:
     preflight: Callable[[Ring, int, int], None]  # (ring, slot bytes, slots) -> raises ShmSpaceError
     finish: Callable[[Any], Any]  # the batch's last step before the user (pinning)
     reset_seed: int | None = None  # each persistent epoch's Reset carries it to the workers (DataPipes)
+    # The loader, held by an iterator it does not hold itself (without persistent workers), so that
+    # the iterator's state_dict() can read it; None for the persistent iterator, which the loader
+    # holds: the plan refers to nothing that refers back to the iterator (loader_services.py).
+    loader: Any = None

@@ -12,7 +12,7 @@ Runs in the main process only. Promises:
   first plugin that answers ``shmloader_pin_backend`` > built-in: torch when
   ``torch.cuda.is_available()``, else cupy when it sees a device, else none.
 - One selection per loader (the hook is called once per loader); ring hooks are wired in
-  ``DataLoader._make_ring``: ``register_segment`` when a segment is created (new slot or growth),
+  ``loader_services.ring_maker``: ``register_segment`` when a segment is created (new slot or growth),
   ``unregister_segment`` when it is retired, which the ring does before it unlinks and unmaps —
   also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
 - ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
@@ -187,11 +187,15 @@ class PinState:
 
 def backend_for(loader: Any) -> PinBackend | None:
     """The loader's pin backend, selected once per loader and then reused by every ring."""
-    if not loader.pin_memory:
+    return choose(loader._pin, loader.pin_memory, loader._plugins, loader.pin_memory_device or "")
+
+
+def choose(pin: PinState, pin_memory: bool, plugins: Any, device: str) -> PinBackend | None:
+    """``pin``'s backend (None without ``pin_memory``), selected on the first call, kept after."""
+    if not pin_memory:
         return None
-    pin: PinState = loader._pin
     if not pin.chosen:
-        pin.backend = select(True, loader._plugins, device=loader.pin_memory_device or "")
+        pin.backend = select(True, plugins, device=device)
         pin.chosen = True
     return pin.backend
 
