@@ -269,7 +269,7 @@ FIELDS: tuple[Field, ...] = (
     _field("multiprocessing_context", "str or None", None,
            "start method of the workers; None uses the platform default", "forkserver",
            _START_ACCEPTS, _parse_start_method),
-    _field("timeout", "float", 0, "seconds to wait for a batch before raising; 0 waits forever", "120",
+    _field("timeout", "float", 0, "seconds to wait for a batch before raising (workers only); 0 waits forever", "120",
            "a finite number >= 0 (seconds)", _parse_float),
     _field("in_order", "bool", True, "yield batches in sampler order (False: as they arrive)", "false",
            _BOOL_ACCEPTS, _parse_bool),

@@ -7,6 +7,7 @@ the main process. Promises: every bad argument raises torch's exception type wit
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import operator
 import os
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from shmloader.errors import ConfigError, PrefetchFactorError
+from shmloader.errors import ConfigError, PrefetchFactorError, TimeoutWithoutWorkersError
 
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
@@ -74,6 +75,30 @@ def check_prefetch_at_iter(prefetch_factor: Any, num_workers: Any) -> int:
         raise PrefetchFactorError(f"{hint}: prefetch_factor must be greater than 0 for multi-process loading",
                                   name="prefetch_factor", value=prefetch_factor)
     return count
+
+
+def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
+    """The seconds an iterator waits for a batch (0: forever), checked when it is made, as torch's
+    iterators check it, but before any worker starts: without workers any value but 0 raises
+    TimeoutWithoutWorkersError (torch's AssertionError); with workers what is not a number raises
+    TypeError, and an infinite one OverflowError (as torch's first wait would), each naming it.
+    NaN waits forever, as in torch."""
+    if not num_workers:
+        if timeout != 0:
+            raise TimeoutWithoutWorkersError(
+                f"timeout={timeout!r} needs num_workers > 0: without workers each batch is loaded in this "
+                "process and no wait is bounded (torch: _SingleProcessDataLoaderIter requires timeout == 0); "
+                "pass timeout=0 or num_workers > 0", name="timeout", value=timeout)
+        return 0.0
+    try:
+        if isinstance(timeout, (str, bytes)):
+            raise TypeError
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout={timeout!r} is not a number of seconds (0 waits forever)") from None
+    if math.isinf(seconds):
+        raise OverflowError(f"timeout={timeout!r} cannot bound a wait: pass timeout=0 to wait forever")
+    return seconds
 
 
 def check_max_slots(max_slots: int, num_workers: int, prefetch_factor: int | None, source: str) -> None:
