@@ -101,6 +101,14 @@ def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
     return seconds
 
 
+def check_worker_init_fn(worker_init_fn: Any, num_workers: int) -> None:
+    """Each worker calls ``worker_init_fn(worker_id)`` first: one that cannot be called raises
+    torch's TypeError here, naming it, before any worker starts rather than from each worker."""
+    if num_workers and worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(f"worker_init_fn={worker_init_fn!r} is not callable: each worker calls it with its "
+                        "worker id (pass a function, or None)")
+
+
 def check_max_slots(max_slots: int, num_workers: int, prefetch_factor: int | None, source: str) -> None:
     """``max_slots`` (0: no limit) must hold the pipeline, ``num_workers * prefetch_factor`` tasks, and
     the batch the caller holds while asking for the next: with fewer the first ``next()`` could only

@@ -7,6 +7,7 @@ import math
 import multiprocessing
 
 import pytest
+from parity_helpers import torch_raises
 
 import shmloader
 import shmloader.torch
@@ -64,8 +65,7 @@ def test_an_infinite_timeout_raises_overflow_naming_it_before_any_worker_starts(
 def test_a_timeout_that_is_not_a_number_set_after_construction_is_a_type_error_naming_it(value):
     theirs = TorchDataLoader(DATA, batch_size=2, num_workers=1)
     theirs.timeout = value
-    with pytest.raises(TypeError):
-        next(iter(theirs))
+    torch_raises(theirs, TypeError)
     loader = shmloader.DataLoader(DATA, batch_size=2, num_workers=1)
     loader.timeout = value
     with pytest.raises(TypeError, match=r"timeout=.* is not a number of seconds"):
