@@ -16,6 +16,7 @@ import multiprocessing
 import operator
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +121,7 @@ def _int_text(text: str) -> int:
 
 def _at_least(minimum: int | float) -> Callable[[Any], Any]:
     def check_range(value: Any) -> Any:
-        if value < minimum:
+        if value < minimum or value > sys.maxsize:  # past sys.maxsize: no count of anything, and no index
             raise _Invalid("is out of range")
         return value
     return check_range

@@ -11,6 +11,7 @@ import math
 import multiprocessing
 import operator
 import os
+import sys
 import warnings
 from collections.abc import Iterable
 from multiprocessing.context import BaseContext
@@ -51,6 +52,9 @@ def _worker_count(num_workers: Any) -> int:
         raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
     if num_workers < 0:
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    if num_workers > sys.maxsize:  # else a bare OverflowError from inside iter(), or a fork bomb
+        raise OverflowError(f"num_workers={num_workers} is more worker processes than any system can start "
+                            f"(at most sys.maxsize={sys.maxsize}; the usable CPUs are a sensible maximum)")
     return num_workers
 
 
