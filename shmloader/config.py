@@ -9,10 +9,10 @@ the value and what is accepted; an explicit argument always wins and is kept as 
 options are validated by the loader in torch's words; shmloader's own options are checked here);
 an unknown ``SHMLOADER_*`` name draws one warning that suggests the closest valid variable.
 
-Three environment values only make sense with worker processes: ``SHMLOADER_PREFETCH_FACTOR``,
-``SHMLOADER_PERSISTENT_WORKERS`` and ``SHMLOADER_START_METHOD`` are ignored (and noted in ``Config.notes``) when the effective
-``num_workers`` is 0, so a site-wide setting never breaks a single-process loader; passed as
-arguments they keep torch's errors.
+Four environment values only make sense with worker processes: ``SHMLOADER_PREFETCH_FACTOR``,
+``SHMLOADER_PERSISTENT_WORKERS``, ``SHMLOADER_START_METHOD`` and ``SHMLOADER_TIMEOUT`` are ignored
+(and noted in ``Config.notes``) when the effective ``num_workers`` is 0, so a site-wide setting
+never breaks a single-process loader; passed as arguments they keep torch's errors.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
 
 ENV_PREFIX = "SHMLOADER_"
 ARGUMENT, ENVIRONMENT, DEFAULT = "argument", "environment", "default"
-_WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
+_WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout")
 # Variables read elsewhere (bench, tests) that are not loader options; see register_variable().
 _OTHER_VARIABLES: dict[str, str] = {}
 

@@ -16,6 +16,7 @@ import multiprocessing
 import operator
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +121,7 @@ def _int_text(text: str) -> int:
 
 def _at_least(minimum: int | float) -> Callable[[Any], Any]:
     def check_range(value: Any) -> Any:
-        if value < minimum:
+        if value < minimum or value > sys.maxsize:  # past sys.maxsize: no count of anything, and no index
             raise _Invalid("is out of range")
         return value
     return check_range
@@ -269,7 +270,7 @@ FIELDS: tuple[Field, ...] = (
     _field("multiprocessing_context", "str or None", None,
            "start method of the workers; None uses the platform default", "forkserver",
            _START_ACCEPTS, _parse_start_method),
-    _field("timeout", "float", 0, "seconds to wait for a batch before raising; 0 waits forever", "120",
+    _field("timeout", "float", 0, "seconds to wait for a batch before raising (workers only); 0 waits forever", "120",
            "a finite number >= 0 (seconds)", _parse_float),
     _field("in_order", "bool", True, "yield batches in sampler order (False: as they arrive)", "false",
            _BOOL_ACCEPTS, _parse_bool),

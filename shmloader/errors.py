@@ -217,6 +217,14 @@ class PrefetchFactorError(ConfigError, AssertionError):
     """
 
 
+class TimeoutWithoutWorkersError(ConfigError, AssertionError):
+    """A ``timeout`` other than 0 reached ``iter()`` without workers, where nothing waits for a batch.
+
+    A ConfigError naming ``timeout``, and an AssertionError, which torch's single-process iterator
+    raises there ("requires timeout == 0").
+    """
+
+
 def describe_exit(exitcode: int | None) -> str:
     """Word an exit code as users read it: ``signal SIGKILL (9)`` or ``exit code 3``."""
     if exitcode is None:

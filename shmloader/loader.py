@@ -314,13 +314,15 @@ class DataLoader(Generic[T_co]):
 
     # -- engine wiring: the plan is all an iterator sees of the loader --------------------------
     def _plan(self) -> Plan:
-        """One iterator's frozen view of this loader (engine/plan.py); raises for a ``prefetch_factor``
-        set since construction that no iteration with workers can use."""
+        """One iterator's frozen view of this loader (engine/plan.py); raises for a ``prefetch_factor``,
+        ``timeout`` or ``worker_init_fn`` (perhaps set since construction) this iteration cannot use."""
         cfg = self._config
         prefetch_factor = checks.check_prefetch_at_iter(self.prefetch_factor, self.num_workers)
+        timeout_s = checks.check_timeout_at_iter(self.timeout, self.num_workers)
+        checks.check_worker_init_fn(self.worker_init_fn, self.num_workers)
         return Plan(
             config=cfg, dataset=self.dataset, num_workers=self.num_workers,
-            prefetch_factor=prefetch_factor, timeout_s=float(self.timeout), in_order=self.in_order,
+            prefetch_factor=prefetch_factor, timeout_s=timeout_s, in_order=self.in_order,
             persistent=self.persistent_workers, iterable=self._is_iterable, auto_collation=self._auto_collation,
             index_sampler=self._index_sampler, len_called=self._IterableDataset_len_called, events=self._events,
             book=self._book, context=self._mp_context, worker_spec=services.spec_maker(self),

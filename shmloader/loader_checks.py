@@ -7,15 +7,17 @@ the main process. Promises: every bad argument raises torch's exception type wit
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import operator
 import os
+import sys
 import warnings
 from collections.abc import Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from shmloader.errors import ConfigError, PrefetchFactorError
+from shmloader.errors import ConfigError, PrefetchFactorError, TimeoutWithoutWorkersError
 
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
@@ -50,6 +52,9 @@ def _worker_count(num_workers: Any) -> int:
         raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
     if num_workers < 0:
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    if num_workers > sys.maxsize:  # else a bare OverflowError from inside iter(), or a fork bomb
+        raise OverflowError(f"num_workers={num_workers} is more worker processes than any system can start "
+                            f"(at most sys.maxsize={sys.maxsize}; the usable CPUs are a sensible maximum)")
     return num_workers
 
 
@@ -74,6 +79,38 @@ def check_prefetch_at_iter(prefetch_factor: Any, num_workers: Any) -> int:
         raise PrefetchFactorError(f"{hint}: prefetch_factor must be greater than 0 for multi-process loading",
                                   name="prefetch_factor", value=prefetch_factor)
     return count
+
+
+def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
+    """The seconds an iterator waits for a batch (0: forever), checked when it is made, as torch's
+    iterators check it, but before any worker starts: without workers any value but 0 raises
+    TimeoutWithoutWorkersError (torch's AssertionError); with workers what is not a number raises
+    TypeError, and an infinite one OverflowError (as torch's first wait would), each naming it.
+    NaN waits forever, as in torch."""
+    if not num_workers:
+        if timeout != 0:
+            raise TimeoutWithoutWorkersError(
+                f"timeout={timeout!r} needs num_workers > 0: without workers each batch is loaded in this "
+                "process and no wait is bounded (torch: _SingleProcessDataLoaderIter requires timeout == 0); "
+                "pass timeout=0 or num_workers > 0", name="timeout", value=timeout)
+        return 0.0
+    try:
+        if isinstance(timeout, (str, bytes)):
+            raise TypeError
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout={timeout!r} is not a number of seconds (0 waits forever)") from None
+    if math.isinf(seconds):
+        raise OverflowError(f"timeout={timeout!r} cannot bound a wait: pass timeout=0 to wait forever")
+    return seconds
+
+
+def check_worker_init_fn(worker_init_fn: Any, num_workers: int) -> None:
+    """Each worker calls ``worker_init_fn(worker_id)`` first: one that cannot be called raises
+    torch's TypeError here, naming it, before any worker starts rather than from each worker."""
+    if num_workers and worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(f"worker_init_fn={worker_init_fn!r} is not callable: each worker calls it with its "
+                        "worker id (pass a function, or None)")
 
 
 def check_max_slots(max_slots: int, num_workers: int, prefetch_factor: int | None, source: str) -> None:

@@ -4,6 +4,7 @@
 every level), the same keys and lengths, and leaves equal in type, dtype, shape and value (NaN
 equal to NaN). ``assert_same_outcome(dataset, **kwargs)`` runs torch's ``DataLoader`` and
 ``shmloader.torch.DataLoader`` over one dataset and compares every batch, or the error's type.
+``torch_raises(loader, error)`` asserts torch's loader raises by its first batch, then stops its workers.
 Importing this module does not import torch.
 """
 
@@ -15,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ListDataset", "assert_same_error", "assert_same_outcome", "assert_same_structure", "outcome"]
+__all__ = ["ListDataset", "assert_same_error", "assert_same_outcome", "assert_same_structure", "outcome",
+           "torch_raises"]
 
 
 def assert_same_structure(ours: Any, theirs: Any, path: str = "batch") -> None:
@@ -147,3 +149,18 @@ def assert_same_outcome(dataset: Any, **kwargs: Any) -> Any:
     else:
         assert_same_structure(ours, theirs, path="batches")
     return theirs
+
+
+def torch_raises(loader: Any, error: type[BaseException]) -> None:
+    """Assert torch's ``loader`` raises ``error`` by its first batch; its workers are then stopped here
+    (an iterator that raised keeps them until it is collected)."""
+    import pytest
+
+    it = None
+    try:
+        with pytest.raises(error):
+            it = iter(loader)
+            next(it)
+    finally:
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()

@@ -123,7 +123,9 @@ def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rule
         return collate(data, alloc, to_torch=to_torch, rules=rules or None, stack=stack)
     if kind == "convert":
         return default_convert(data, to_torch=to_torch)
-    assert fn is not None
+    if not callable(fn):  # e.g. loader.collate_fn = None after construction: torch's TypeError, named
+        raise TypeError(f"collate_fn={fn!r} is not callable (None given to DataLoader() means the default "
+                        "collate; set on the loader afterwards it is called like any other)")
     return fn(data)
 
 
