@@ -40,14 +40,10 @@ from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
 from shmloader.gpu import pinning
 from shmloader.loader_call import records_explicit
-from shmloader.log import apply_log_level, worker_log_setup
+from shmloader.log import apply_log_level
 from shmloader.owner import ProcessOwner
 from shmloader.plugins import build_plugin_manager
 from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from shmloader.transport.preflight import check_ring_fits
-from shmloader.transport.ring import Ring
-from shmloader.transport.sweep import sweep_dead_segments
-from shmloader.worker.main import WorkerSpec
 
 T_co = TypeVar("T_co", covariant=True)
 
