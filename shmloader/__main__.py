@@ -24,7 +24,7 @@ from typing import Any
 
 from shmloader.cli import doctor
 from shmloader.cli.interrupt import ctrl_c_handled
-from shmloader.config import describe, resolve_config
+from shmloader.config import check_environment, describe
 from shmloader.errors import ConfigError
 
 __all__ = ["main"]
@@ -50,8 +50,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _print_config(as_json: bool) -> int:
-    rows = describe(resolve_config({}))
-    _check_other_variables()
+    rows = describe(check_environment())
     if as_json:
         body = {r.name: {"value": _jsonable(r.value), "source": r.source, "variable": r.variable, "note": r.note}
                 for r in rows}
@@ -65,16 +64,6 @@ def _print_config(as_json: bool) -> int:
         if row.note:
             print(f"note: {row.note}")
     return 0
-
-
-def _check_other_variables() -> None:
-    """The ``SHMLOADER_*`` variables that are not loader options, read where they apply (a loader
-    with ``pin_memory``, the plugin manager): a bad value raises their ConfigError here too."""
-    from shmloader import plugins
-    from shmloader.gpu import pinning
-
-    pinning.requested_backend()
-    plugins.autoload_enabled()
 
 
 def _bench(argv: Sequence[str]) -> int:

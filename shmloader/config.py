@@ -33,6 +33,7 @@ __all__ = [
     "FIELDS",
     "Field",
     "Row",
+    "check_environment",
     "describe",
     "known_variables",
     "register_variable",
@@ -129,6 +130,19 @@ def resolve_config(explicit: Mapping[str, Any], environ: Mapping[str, str] | Non
         values[spec.name], provenance[spec.name] = _resolve_one(spec, explicit, env)
     notes = _drop_worker_only(values, provenance, env)
     return Config(**values, provenance=provenance, notes=notes)
+
+
+def check_environment() -> Config:
+    """Every ``SHMLOADER_*`` variable of this process checked at once, as a command starts: the
+    loader options (the config they resolve to is returned) and the variables read elsewhere, where
+    they apply (the pin backend's, the plugin manager's); a bad value raises its ConfigError."""
+    from shmloader import plugins
+    from shmloader.gpu import pinning
+
+    config = resolve_config({})
+    pinning.requested_backend()
+    plugins.autoload_enabled()
+    return config
 
 
 def _resolve_one(spec: Field, explicit: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Any, str]:

@@ -24,3 +24,18 @@ def test_config_accepts_good_values_of_those_variables(monkeypatch: pytest.Monke
     monkeypatch.setenv("SHMLOADER_PIN_BACKEND", " None ")
     monkeypatch.setenv("SHMLOADER_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert main(["config"]) == 0
+
+
+def test_bench_exits_2_at_once_naming_a_bad_variable(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """It ran every round, each measurement failing on the variable, and exited 1."""
+    from shmloader.cli import bench
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a measurement ran with a bad SHMLOADER_LOG_LEVEL")
+
+    monkeypatch.setattr(bench, "measure", measured)
+    monkeypatch.setenv("SHMLOADER_LOG_LEVEL", "loud")
+    assert bench.main(["--workloads", "tiny", "--workers", "0", "--repeat", "1", "--no-torch"]) == 2
+    err = capsys.readouterr().err
+    assert "SHMLOADER_LOG_LEVEL" in err and "loud" in err, err

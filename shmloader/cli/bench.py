@@ -19,8 +19,9 @@ shmloader/torch; per shmloader row at ``max(--workers)``, its fraction of each c
 training loop would, and a table of host-to-device copy bandwidth by source buffer is added.
 
 Exit status: 0 when every measurement succeeded, 1 when one failed (it is reported and the rest
-still run) or the figure could not be written, 2 for a usage error or a missing requirement (no
-CUDA for ``--device cuda``; a ``--plot`` path that cannot be written, found before the run).
+still run) or the figure could not be written, 2 for a usage error, a bad ``SHMLOADER_*`` value or a
+missing requirement (no CUDA for ``--device cuda``; a ``--plot`` path that cannot be written), each
+found before the run.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from shmloader.cli.report import (
     to_json_document,
 )
 from shmloader.cli.workloads import Workload, measure_h2d
+from shmloader.config import check_environment
+from shmloader.errors import ConfigError
 
 __all__ = ["Options", "main", "parse_args", "round_order"]
 
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_requirements(opts: Options) -> Options:
     """Fail early, with the reason, when a requested loader or the device is unavailable."""
+    try:  # a bad SHMLOADER_* value would fail every measurement: say so once, before any
+        check_environment()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     torch_ok = _torch_available()
     if opts.device != "cpu":
         if not torch_ok:
