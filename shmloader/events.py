@@ -94,7 +94,10 @@ class Events:
                 except Exception as exc:
                     first = first or exc
             if first is not None:
-                raise first
+                try:
+                    raise first
+                finally:
+                    del first  # else its traceback holds this frame, which holds it: a cycle only the collector frees
         except Exception as exc:
             self._raise("shmloader_batch_ready", exc)
 

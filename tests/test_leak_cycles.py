@@ -165,3 +165,89 @@ def test_an_iterator_s_state_needs_its_loader_and_says_so_when_gone() -> None:
     with pytest.raises(LoaderError, match="DataLoader this iterator came from is gone"):
         it.state_dict()
     it.close()
+
+
+class Grows(Dataset):
+    """Rows of 4 floats, then (from index 8) of 512 Ki floats: the slot must grow."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(1 << 19 if i >= 8 else 4, float(i))
+
+
+@pytest.mark.timeout(60)
+def test_an_iterator_whose_growth_was_refused_is_freed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused growth is kept and raised at the next wait; raised from a local of that wait, the
+    error's traceback held the frame holding the error: a cycle that kept the iterator, and a
+    segment a batch had viewed, mapped (``stress/shm_pressure.py`` could not unmount its tmpfs)."""
+    from shmloader.errors import ShmSpaceError
+    from shmloader.transport import shm_space
+
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 12 << 20)  # 1 MiB slots fit, 4 MiB ones not
+    loader = DataLoader(Grows(), batch_size=2, num_workers=1)
+    with no_cyclic_gc():
+        it = iter(loader)
+        with pytest.raises(ShmSpaceError):
+            for _batch in it:
+                pass
+        gone = weakref.ref(it)
+        del it, _batch
+        assert gone() is None, "the iterator outlived its last reference (a reference cycle)"
+
+
+class FailingSampler:
+    """Batches [0, 1], [2, 3], ... then a sampler error at batch ``bad``."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for k in range(8):
+            if k == self.bad:
+                raise Boom("the sampler's own error")
+            yield [2 * k, 2 * k + 1]
+
+
+@pytest.mark.timeout(60)
+def test_an_iterator_whose_sampler_failed_during_a_refill_is_freed_at_once() -> None:
+    loader = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
+    with no_cyclic_gc():
+        it = iter(loader)
+        got = []
+        with pytest.raises(Boom):
+            for batch in it:
+                got.append(int(batch[0, 0]))
+        assert got and got == list(range(0, 2 * len(got), 2))
+        gone = weakref.ref(it)
+        del it, batch
+        assert gone() is None, "the iterator outlived its last reference (a reference cycle)"
+        assert workers_left() == []
+
+
+class FailsOnTask1:
+    """An observer whose report of batch 1 raises (a PluginError at the next ``next()``)."""
+
+    def shmloader_batch_ready(self, task: int) -> None:
+        if task == 1:
+            raise ValueError("observer bug")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterator_whose_observer_failed_is_freed_at_once(num_workers: int) -> None:
+    from shmloader.errors import PluginError
+
+    loader = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
+    with no_cyclic_gc():
+        it = iter(loader)
+        next(it), next(it)
+        with pytest.raises(PluginError):
+            next(it)
+        gone = weakref.ref(it)
+        del it
+        assert gone() is None, "the iterator outlived its last reference (a reference cycle)"

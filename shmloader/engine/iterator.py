@@ -129,7 +129,10 @@ class BaseIter:
     def __next__(self) -> Any:
         if self._observer_error is not None:
             exc, self._observer_error = self._observer_error, None
-            raise exc
+            try:
+                raise exc
+            finally:
+                del exc  # else its traceback holds this frame, which holds it: a cycle only the collector frees
         try:
             if self._fast_forward:
                 self._forward()
@@ -192,7 +195,10 @@ def close_each(iterators: Iterable[BaseIter]) -> None:
         except BaseException as exc:
             error = error or exc
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
 
 
 class SingleProcessIter(BaseIter):

@@ -229,7 +229,10 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         try:
             if self._refill_error is not None:  # raised as the last batch was handed out: now its turn
                 error, self._refill_error = self._refill_error, None
-                raise error
+                try:
+                    raise error
+                finally:
+                    del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
             while True:
                 if guard.stop_requested:  # close() from another thread: it waits for us to return
                     raise self._closed_error()

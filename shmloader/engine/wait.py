@@ -76,7 +76,10 @@ class WaitAndRecover:
     def _wait(self, started: float) -> None:
         if self._fault is not None:
             fault, self._fault = self._fault, None
-            raise self._fail(fault)
+            try:
+                raise self._fail(fault)
+            finally:
+                del fault  # else its traceback holds this frame, which holds it: a cycle only the collector frees
         poller, by_fd = self._poller()
         if self._pool.backlog or self._room_polled:
             self._flush_backlog(poller, by_fd)

@@ -320,7 +320,10 @@ def _reap_all(workers: list[WorkerHandle]) -> None:
                 interrupt = interrupt or exc
         logger.info("worker %d exited (pid %s, exit code %s)", w.id, w.pid, w.process.exitcode)
     if interrupt is not None:
-        raise interrupt
+        try:
+            raise interrupt
+        finally:
+            del interrupt  # else its traceback holds this frame, which holds it: a cycle only the collector frees
 
 
 def _reap(w: WorkerHandle) -> None:

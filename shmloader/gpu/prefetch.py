@@ -305,7 +305,10 @@ class _Epoch:
             if self.error is not None:  # read ahead while the batch before it was in the caller's hands
                 exc, self.error = self.error, None
                 pre._mark = self.error_mark  # handed out as its error: the state is after it now
-                raise exc
+                try:
+                    raise exc
+                finally:
+                    del exc  # else its traceback holds this frame, which holds it: a cycle only the collector frees
             try:
                 self._read()  # an error here has no batch before it to wait for: raised now
             except Exception:

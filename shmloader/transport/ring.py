@@ -262,7 +262,10 @@ class Ring(SlotGrowth):
         self._free.clear()
         self._cooling.clear()
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
 
     def _close_slot(self, slot: Slot) -> None:
         try:
