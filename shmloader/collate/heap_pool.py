@@ -25,6 +25,7 @@ Promises:
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -58,7 +59,7 @@ class HeapPool:
     def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array; from a reused buffer when large (module docstring)."""
         dtype = np.dtype(dtype)
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        nbytes = dtype.itemsize * math.prod(shape)  # np.prod costs 5 µs a call: this is per array
         if nbytes < self._min_bytes or nbytes == 0 or dtype.hasobject:
             return np.empty(shape, dtype=dtype)
         raw = self._free(nbytes)
