@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from shmloader.kept import keep
 from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import stack_for
@@ -100,9 +101,12 @@ class BaseIter:
         """This epoch's state (plain, JSON-serialisable); load it with ``loader.load_state_dict``."""
         return self._plan.book.save(self._record)
 
-    def state_of(self, record: _state.EpochRecord) -> dict[str, Any]:
-        """The state as of a copy of this iterator's record (the device prefetcher keeps one)."""
-        return self._plan.book.save(record)
+    @property
+    def state_of(self) -> Callable[[_state.EpochRecord], dict[str, Any]]:
+        """Makes the state as of a copy of this iterator's record. It holds the epoch book, not this
+        iterator: the device prefetcher keeps it for ``state_dict()`` past a ``break``, which must
+        not keep this iterator's workers and slots (tests/test_leak_pending.py)."""
+        return self._plan.book.save
 
     _observer_error: BaseException | None = None
 
@@ -114,7 +118,7 @@ class BaseIter:
             self._plan.events.batch_ready(*event)
         except PluginError as exc:
             if self._observer_error is None:
-                self._observer_error = exc
+                self._observer_error = keep(exc)
 
     def _observe(self, event: Callable[..., None], *args: Any) -> None:
         """Tell the observers of an event (``Events`` method ``event``). An observer's error is kept
@@ -124,7 +128,7 @@ class BaseIter:
             event(*args)
         except PluginError as exc:
             if self._observer_error is None:
-                self._observer_error = exc
+                self._observer_error = keep(exc)
 
     def __next__(self) -> Any:
         if self._observer_error is not None:

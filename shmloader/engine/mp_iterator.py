@@ -34,6 +34,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from shmloader.kept import keep
 from shmloader.engine import faults, live
 from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher, task_indices
 from shmloader.engine.growth import Growths
@@ -372,7 +373,7 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
         try:
             self._dispatch(spare_only=True)
         except Exception as exc:
-            self._refill_error = exc
+            self._refill_error = keep(exc)
 
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shmloader.kept import keep
 from shmloader.engine import faults
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
@@ -231,7 +232,7 @@ class WaitAndRecover:
             if not w.ready:
                 raise self._fail(exc)
             if self._fault is None:  # raised at the next wait: the batches finished before it come first
-                self._fault = exc
+                self._fault = keep(exc)
             return
         rec = self._ledger.get((msg.epoch, msg.task))
         if rec is None:
@@ -270,7 +271,7 @@ class WaitAndRecover:
             self._growths.start(rec, slot_bytes)
         except Exception as exc:  # no room
             if self._fault is None:
-                self._fault = exc
+                self._fault = keep(exc)
             return
         self._slot_bytes = slot_bytes
         w.pop(rec.key)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from shmloader.kept import keep
 from shmloader import state as _state
 from shmloader.gpu.backends import Event, Transfer, as_tensor
 from shmloader.gpu.batch_tree import map_batch
@@ -323,7 +324,7 @@ class _Epoch:
         try:
             self._read()  # k+1 copies during k's work
         except Exception as exc:  # the loader's error for batch k+1: batch k first
-            self.error, self.error_mark = exc, pre.failed_mark
+            self.error, self.error_mark = keep(exc), pre.failed_mark
         except BaseException:  # Ctrl-C, SystemExit: batch k is still the next one, its copy is
             pre._mark = mark  # still covered (pending is drained), and the caller has k-1 batches
             raise

@@ -1,0 +1,57 @@
+"""Errors kept on an object to be raised later, without a reference cycle through their traceback.
+
+The iterators keep some errors for later so that what came before them is handed out first (an
+observer's error until the next ``next()``, a refused growth until the next wait, the batch
+``to_device`` read ahead). A traceback holds every frame the error passed through; each frame,
+once finished, holds its caller's frame (``f_back``) up to the loader's ``next()``, and those hold
+their locals, the keeper among them. Kept as it is, the error makes a cycle (keeper -> error ->
+traceback -> frames -> keeper) that only the cyclic collector frees, so a keeper dropped before the
+error is raised kept its workers, pipes and segments until a collection (``frame.clear()`` does not
+help: a cleared frame still holds its caller).
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
+NOTE = "Traceback when this error was met (it was kept, and raised after the batches before it):"
+
+
+def keep(exc: E) -> E:
+    """``exc``, ready to be stored on its keeper and raised later; returns the same object.
+
+    ``exc`` and every error chained to it (``__cause__``, ``__context__``) keep their type, message
+    and chain, but not their traceback: each traceback becomes text, in a note on its error
+    (``__notes__``, which Python 3.11+ prints after the message; a raise adds the new traceback).
+    No frame is kept, so nothing in the error refers back to its keeper. A debugger's post-mortem
+    sees the frames of the later raise, not those of where the error was met.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        tb = error.__traceback__
+        if tb is not None:
+            error.__traceback__ = None
+            _note(error, NOTE + "\n" + "".join(traceback.format_tb(tb)).rstrip())
+            del tb
+        todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+    return exc
+
+
+def _note(error: BaseException, text: str) -> None:
+    """``error.add_note(text)``; on Python 3.10 the same list, which that version does not print."""
+    notes = getattr(error, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        try:
+            error.__notes__ = notes  # type: ignore[attr-defined]
+        except AttributeError:  # an error type that refuses new attributes: no note
+            return
+    notes.append(text)
