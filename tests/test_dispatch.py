@@ -1,4 +1,4 @@
-"""Which worker runs which task (the ``dispatch`` option, shmloader/engine/mp_iterator.py).
+"""Which worker runs which task (the ``dispatch`` option, shmloader/engine/send.py and dispatch.py).
 
 ``round_robin`` (the default) is torch's assignment: task t of an epoch goes to worker
 t % num_workers, so a dataset that draws random numbers in ``__getitem__`` gives exactly torch's

@@ -356,18 +356,18 @@ def test_a_worker_error_names_a_tensor_batchs_indices_as_numbers() -> None:
 def test_a_tensor_view_batch_sends_its_own_indices_not_its_whole_storage(monkeypatch: pytest.MonkeyPatch) -> None:
     """``torch.randperm(n).split(b)``: each batch is a view of one n-element storage, which pickle
     writes whole. A task carries a copy of the view alone (still a tensor, as torch's worker gets)."""
-    from shmloader.engine import mp_iterator
+    from shmloader.engine import send
 
     big = torch.arange(1 << 20) % N_SAMPLES  # 8 MiB of int64
     sizes: list[int] = []
-    real = mp_iterator.task_frame
+    real = send.task_frame
 
     def measured(*args: Any) -> bytes:
         frame = real(*args)
         sizes.append(len(frame))
         return frame
 
-    monkeypatch.setattr(mp_iterator, "task_frame", measured)
+    monkeypatch.setattr(send, "task_frame", measured)
     ds = MapDataset("int")
     assert_same_batches(lambda: tdata.DataLoader(ds, batch_sampler=list(big[:20].split(4)), num_workers=2),
                         lambda: DataLoader(ds, batch_sampler=list(big[:20].split(4)), num_workers=2))

@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from shmloader.kept import keep
 from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
 from shmloader.errors import LoaderClosed, PluginError
+from shmloader.kept import keep
 from shmloader.log import logger
 from shmloader.worker.main import make_fetcher, run_collate
 from shmloader.worker_info import generate_state, seed_rngs, task_seed

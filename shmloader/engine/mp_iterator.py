@@ -7,7 +7,7 @@ fault was raised; workers and ring are shut; a later ``next()`` raises ``LoaderE
 never a quiet end of the epoch) | closed (``close()``: a later ``next()`` raises
 ``LoaderClosed``). Each ``__next__`` runs these steps until a batch is due:
 
-1. ``dispatch``: while fewer than ``prefetch_factor`` × workers tasks are in the pipeline, take the
+1. ``dispatch`` (``engine.send``): while fewer than ``prefetch_factor`` × workers tasks are in the pipeline, take the
    next indices from the sampler, let the ``Dispatcher`` pick the worker (torch's round-robin by
    default) and the ``Ledger`` give the task a free slot (the ring grows when the user holds the
    others), and send the task. As in torch, ``iter()`` fills the pipeline and each batch handed out
@@ -34,17 +34,17 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.kept import keep
 from shmloader.engine import faults, live
-from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher, task_indices
+from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher
 from shmloader.engine.growth import Growths
 from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
 from shmloader.engine.reorder import Reorder
+from shmloader.engine.send import SendTasks
 from shmloader.engine.stepguard import StepGuard
 from shmloader.engine.wait import WaitAndRecover
-from shmloader.engine.workers import WorkerHandle, WorkerPool
+from shmloader.engine.workers import WorkerPool
 from shmloader.errors import (
     DescriptorError,
     LoaderClosed,
@@ -54,17 +54,15 @@ from shmloader.errors import (
 )
 from shmloader.owner import ProcessOwner
 from shmloader.transport import codec
-from shmloader.transport.messages import Detach, Failed, Reset
+from shmloader.transport.messages import Failed, Reset
 from shmloader.transport.preflight import ring_slots
 from shmloader.transport.segment import page_round
-from shmloader.transport.wire import task_frame
-from shmloader.worker_info import task_seed
 
 FIRST_SLOT_BYTES = 1 << 20
 _BROKEN_GRACE_S = 0.1  # how long a failed loader waits for workers to take the stop message
 
 
-class MultiProcessIter(WaitAndRecover, BaseIter):
+class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
     _shut_done = False  # workers stopped and ring unlinked (end of a non-persistent epoch, a fault, close)
 
     def __init__(self, plan: Plan, admit: Callable[[BaseIter], None]) -> None:
@@ -269,89 +267,6 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             else:
                 self._shut(grace_s=None)
 
-    def _held(self) -> list[int]:
-        return [len(w.outstanding) for w in self._pool.workers]
-
-    def _exhausted(self) -> list[bool]:
-        return [w.exhausted for w in self._pool.workers]
-
-    def _capacity(self) -> int:
-        return self._dispatcher.capacity(self._exhausted())
-
-    # -- 1. dispatch ---------------------------------------------------------------------------
-    def _dispatch(self, spare_only: bool = False) -> None:
-        """Send tasks until the pipeline is full. ``spare_only``: only into a free slot or one the
-        ring may add (at ``max_slots`` the rest wait for the next ``next()``, not raise)."""
-        if self._sampler_done:
-            return
-        in_pipeline = self._ledger.in_epoch(self._epoch) + len(self._reorder)
-        if in_pipeline >= self._full_capacity:  # decided before any list is built (most calls)
-            return
-        if self._iterable:
-            exhausted = self._exhausted()
-            capacity = self._dispatcher.capacity(exhausted)
-        else:
-            exhausted, capacity = self._none_exhausted, self._full_capacity
-        held = self._held()  # kept up to date below: built once per call, not once per task
-        workers = self._pool.workers
-        while in_pipeline < capacity:
-            try:
-                self._skip_delivered()  # first, so the worker is chosen for the task number it runs
-                w = self._dispatcher.pick(self._next_task, held, exhausted)
-                if w is None or (spare_only and not self._ring.has_room()):
-                    return
-                indices = self._next_indices()
-            except StopIteration:
-                self._sampler_done = True
-                return
-            rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_bytes)
-            self._next_task += 1
-            self._flush_detach()
-            self._send(workers[w], rec)
-            held[w] += 1
-            in_pipeline += 1
-
-    def _skip_delivered(self) -> None:
-        """Resume: tasks delivered before the save are taken from the sampler, never dispatched.
-
-        Each keeps its task number (and its turn in the cycle), so the tasks that are dispatched go
-        to the workers they would have gone to in an uninterrupted epoch.
-        """
-        while self._next_task in self._skip:
-            next(self._sampler_iter)
-            self._reorder.skip(self._next_task)
-            self._next_task += 1
-            self._dispatcher.skip()
-
-    def _next_indices(self) -> Any:
-        """The task's indices: the batch sampler's batch, of its own type (a tensor, ndarray, tuple or
-        range reaches ``__getitems__`` as such, as in torch's workers), the task's own copy
-        (``dispatch.task_indices``); or ``[index]`` without auto-collation."""
-        batch = next(self._sampler_iter)
-        if self._iterable:
-            return None
-        if not self._auto_collation:
-            return [batch]
-        return task_indices(batch)
-
-    def _send(self, worker: WorkerHandle, rec: TaskRecord) -> None:
-        rec.worker_id = worker.id
-        worker.push(rec.key)
-        seed = task_seed(self._base_seed, rec.epoch, rec.task) if self._task_seeding else None
-        slot = rec.slot
-        assert slot is not None, "a task is sent only while it holds its slot"
-        segment = slot.segment
-        try:
-            worker.send_frame(task_frame(rec.epoch, rec.task, rec.indices, slot.id, segment.name, segment.size_bytes,
-                                         seed))
-        except (BrokenPipeError, OSError):
-            pass  # the worker is dead: its sentinel reports it and the task is handled there
-
-    def _flush_detach(self) -> None:
-        if self._ring.retired_names:
-            self._pool.broadcast(Detach(tuple(self._ring.retired_names)))
-            self._ring.retired_names.clear()
-
     # -- 2. deliver ----------------------------------------------------------------------------
     def _hand_out(self, rec: TaskRecord, msg: Any) -> Any:
         """The due batch (or its error), after which, as torch's iterator does, the next task is
@@ -366,14 +281,6 @@ class MultiProcessIter(WaitAndRecover, BaseIter):
             raise
         self._refill()
         return batch
-
-    _refill_error: Exception | None = None
-
-    def _refill(self) -> None:
-        try:
-            self._dispatch(spare_only=True)
-        except Exception as exc:
-            self._refill_error = keep(exc)
 
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):

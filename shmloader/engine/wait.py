@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.kept import keep
 from shmloader.engine import faults
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle, join_killed
 from shmloader.errors import describe_exit
+from shmloader.kept import keep
 from shmloader.log import logger
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS

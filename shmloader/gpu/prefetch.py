@@ -37,11 +37,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from shmloader.kept import keep
 from shmloader import state as _state
 from shmloader.gpu.backends import Event, Transfer, as_tensor
 from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
+from shmloader.kept import keep
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
