@@ -217,6 +217,12 @@ class PrefetchFactorError(ConfigError, AssertionError):
     """
 
 
+class NumWorkersError(ConfigError, AssertionError):
+    """A negative ``num_workers``: at construction torch's ValueError, and at ``iter()`` (the
+    attribute set since) torch's AssertionError too, which its multi-process iterator raises there.
+    """
+
+
 class TimeoutWithoutWorkersError(ConfigError, AssertionError):
     """A ``timeout`` other than 0 reached ``iter()`` without workers, where nothing waits for a batch.
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from shmloader.errors import ConfigError, PrefetchFactorError, TimeoutWithoutWorkersError
+from shmloader.errors import ConfigError, NumWorkersError, PrefetchFactorError, TimeoutWithoutWorkersError
 
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
@@ -45,12 +45,16 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
     return num_workers
 
 
-def _worker_count(num_workers: Any) -> int:
+def _worker_count(num_workers: Any, at_iter: bool = False) -> int:
     try:
         num_workers = operator.index(num_workers)
     except TypeError:
         raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
-    if num_workers < 0:
+    if num_workers < 0 and at_iter:  # set since construction: torch's iterator asserts it
+        raise NumWorkersError(f"num_workers={num_workers} reached iter(loader): num_workers option should be "
+                              "non-negative; use num_workers=0 to disable multiprocessing.",
+                              name="num_workers", value=num_workers)
+    if num_workers < 0:  # torch's type and message, to the letter
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
     if num_workers > sys.maxsize:  # else a bare OverflowError from inside iter(), or a fork bomb
         raise OverflowError(f"num_workers={num_workers} is more worker processes than any system can start "
@@ -67,7 +71,7 @@ def check_prefetch_at_iter(prefetch_factor: Any, num_workers: Any) -> int:
     torch does; 0 or below PrefetchFactorError (a ConfigError and torch's AssertionError). A
     ``num_workers`` set since construction is checked as the constructor checks it.
     """
-    if not _worker_count(num_workers):
+    if not _worker_count(num_workers, at_iter=True):
         return 0
     hint = f"prefetch_factor={prefetch_factor!r} cannot be used with num_workers={num_workers}"
     try:

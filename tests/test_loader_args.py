@@ -119,6 +119,18 @@ def test_a_num_workers_set_after_construction_is_checked_at_iter(value, error):
 
 
 @pytest.mark.timeout(60)
+# torch's half-built iterator complains from __del__ (no ``_shutdown`` yet): torch's noise, not ours
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_negative_num_workers_set_after_construction_is_torch_s_assertion_at_iter():
+    """torch's iterator asserts ``num_workers > 0`` (an AssertionError); ours was a ValueError only."""
+    theirs = _raised_at_iter(TorchDataLoader, 0, "num_workers", -1)
+    ours = _raised_at_iter(shmloader.DataLoader, 0, "num_workers", -1)
+    assert isinstance(theirs, AssertionError)
+    assert isinstance(ours, AssertionError) and isinstance(ours, ValueError)
+    assert "num_workers=-1" in str(ours) and ours.name == "num_workers"
+
+
+@pytest.mark.timeout(60)
 def test_prefetch_factor_set_between_epochs_of_persistent_workers_is_checked():
     loader = shmloader.DataLoader(Squares(4), batch_size=2, num_workers=1, persistent_workers=True)
     try:
