@@ -87,6 +87,17 @@ def test_single_process_pins_by_copy_as_torch() -> None:
     assert x.is_pinned()
 
 
+@pytest.mark.timeout(120)
+def test_single_process_pins_numpy_batches_by_copy_too() -> None:
+    """Without workers a numpy batch is copied into pinned memory, as it is pinned (in its slot)
+    with workers; torch's ``pin_memory`` passes numpy arrays through unpinned."""
+    loader = shmloader.DataLoader(dataset(), batch_size=16, pin_memory=True)
+    x, y = next(iter(loader))
+    assert isinstance(x, np.ndarray) and torch.from_numpy(x).is_pinned()
+    assert torch.from_numpy(y).is_pinned()
+    np.testing.assert_array_equal(x, expected(0, 16))
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("loader_class", ["numpy", "torch"])
 def test_to_device_equals_the_cpu_batches(loader_class: str) -> None:

@@ -36,9 +36,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from shmloader.config import register_variable
 from shmloader.errors import ConfigError
 from shmloader.gpu.backends import PinBackend, TorchCudaBackend, Transfer
+from shmloader.gpu.batch_tree import iter_leaves, map_batch
 from shmloader.gpu.cupy_backend import CupyBackend
 from shmloader.gpu.mlock import MlockBackend
 
@@ -217,7 +220,32 @@ def warn_if_unpinned(loader: Any, stacklevel: int = 4) -> None:
 
 
 def pin_copy(batch: Any) -> Any:
-    """``num_workers=0``: copy into pinned memory as torch does (the batch is not in a slot)."""
+    """``num_workers=0``: copy into pinned memory as torch does (the batch is not in a slot).
+
+    torch's ``pin_memory`` pins tensors (and whatever has a ``pin_memory()``) and passes numpy
+    arrays through; a numpy array is copied here into pinned memory of its own (``pinned_host``),
+    so a numpy batch is pinned without workers as it is with them (its slot is registered). The
+    copy keeps dtype, shape and values; its memory lives as long as the array does.
+    """
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    return pin_memory(batch)
+    pinned = pin_memory(batch)
+    if any(isinstance(leaf, np.ndarray) for leaf in iter_leaves(pinned)):
+        pinned = map_batch(pinned, _pinned_array)
+    return pinned
+
+
+def pinned_host(nbytes: int) -> np.ndarray:
+    """``nbytes`` of page-locked host memory, as a uint8 array that keeps its allocation alive
+    (torch's pinned allocator: the array's base is the tensor that owns the memory)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def _pinned_array(leaf: Any) -> Any:
+    if not isinstance(leaf, np.ndarray) or leaf.dtype.hasobject or not leaf.dtype.itemsize:
+        return leaf  # objects are pointers into the heap: nothing a device copy could use
+    out = pinned_host(leaf.nbytes).view(leaf.dtype).reshape(leaf.shape)
+    np.copyto(out, leaf)
+    return out
