@@ -136,7 +136,7 @@ class WaitAndRecover:
             by_fd: dict[int, tuple[WorkerHandle, bool | None]] = {}
             for w in self._pool.workers:
                 by_fd[w.results.fileno()] = (w, False)
-                by_fd[w.process.sentinel] = (w, True)
+                by_fd[w.exit_fd] = (w, True)  # its pidfd where there is one: engine/exits.py
             self._poll_set = (generation, self._new_poll(by_fd), by_fd)
             self._room_polled = set()
             self._head_pollers = {}
@@ -340,7 +340,7 @@ class WaitAndRecover:
 
     def _on_death(self, w: WorkerHandle, cause: str | None) -> None:
         """A worker died: note the error it becomes (raised at the next wait), or replace it."""
-        w.process.join(1.0)
+        w.join(1.0)
         exitcode = w.process.exitcode
         tasks = self._tasks_of(w)
         self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
