@@ -3,8 +3,9 @@
 Owns one descriptor per worker started under fork or spawn: a pidfd (``os.pidfd_open``, Linux
 5.3), readable the moment the process itself exits. Runs in the main process. Promises: a
 worker's exit is seen at once (the wait polls ``exit_fd``) and its joins end as soon as it has
-exited, whatever processes it started; without a pidfd (another OS, an older kernel, a sandbox
-that refuses it), and under forkserver, multiprocessing's sentinel as before.
+exited, whatever processes it started; a signal to a worker goes to that process and to no
+other (``send_signal``); without a pidfd (another OS, an older kernel, a sandbox that refuses it),
+and under forkserver, multiprocessing's sentinel and ``os.kill`` as before.
 
 Why: under fork and spawn multiprocessing's sentinel is a pipe whose write end the worker holds
 for its life, and the pipe reads as closed only once every process holding that end has exited.
@@ -15,12 +16,21 @@ does), and each join at shutdown waited out its whole timeout (tests/test_procs_
 Under forkserver the sentinel is the fork server's report of the exit, which no worker's child
 holds, and the worker is the fork server's child, not ours, so its pid could be reaped and reused
 before a pidfd was opened: the sentinel stays.
+
+A trainer that ignores SIGCHLD (``signal(SIGCHLD, SIG_IGN)``, a server's way to avoid zombies)
+has the kernel reap its children as they exit, status and all: multiprocessing then never learns
+that a worker exited (its exit code stays None), and shutdown sent the finished worker SIGTERM,
+SIGCONT and SIGKILL by pid — a pid the kernel is free to give to any new process, another job's
+included — then warned that it "did not exit within 5 s of SIGKILL". The pidfd still says the
+worker exited (``exited``), and a signal sent through it reaches no other process
+(tests/test_procs_sigchld.py).
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 from typing import Any
 
 _pidfd_open = getattr(os, "pidfd_open", None)
@@ -47,6 +57,27 @@ def join(process: Any, pidfd: int, timeout_s: float | None) -> None:
         exited = bool(poller.poll(ms))
         timeout_s = None if exited else 0.0  # exited: the join reaps it at once; else it stays running
     process.join(timeout_s)
+
+
+def exited(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has exited (False without a pidfd: ask multiprocessing)."""
+    if pidfd < 0:
+        return False
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def send_signal(process: Any, pidfd: int, sig: int) -> None:
+    """Send ``sig`` to the worker, never to a process that took its pid after it was reaped: through
+    its pidfd where it has one. Nothing happens once it has exited."""
+    try:
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, sig)
+        elif process.pid:
+            os.kill(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def close(pidfd: int) -> None:

@@ -20,7 +20,6 @@ task sent again once its slot is whole, stopping as soon as a reply waits).
 from __future__ import annotations
 
 import math
-import os
 import select
 import signal
 import time
@@ -323,10 +322,7 @@ class WaitAndRecover:
         rec = self._ledger.get(key)
         logger.warning("worker %d (pid %s) spent more than %s s on %s; killing it", w.id, w.pid, limit_s,
                        f"task {key[1]}" if w.ready else "start-up")
-        try:
-            os.kill(w.pid or 0, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        w.signal(signal.SIGKILL)
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or self._iterable:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,

@@ -138,6 +138,19 @@ class WorkerHandle:
         """Join the process, over as soon as it has exited (``exits.join``)."""
         exits.join(self.process, self.pidfd, timeout_s)
 
+    @property
+    def running(self) -> bool:
+        """Not yet exited: no exit code, and its pidfd (if any) says so too (a trainer that ignores
+        SIGCHLD never gets an exit code: engine/exits.py)."""
+        return self.process.exitcode is None and not exits.exited(self.pidfd)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to this worker and to no other process (``exits.send_signal``)."""
+        if sig in (signal.SIGTERM, signal.SIGKILL) and self.pidfd < 0:
+            (self.process.terminate if sig == signal.SIGTERM else self.process.kill)()  # multiprocessing's own
+        else:
+            exits.send_signal(self.process, self.pidfd, sig)
+
     def send(self, msg: Any) -> None:
         """Send any picklable message (stop, ``Detach``, ``Reset``), behind every task already sent."""
         self.send_frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
@@ -346,15 +359,17 @@ def _reap(w: WorkerHandle) -> None:
     SIGKILL does not end within ``KILLED_JOIN_S`` is named in a warning and left to exit when the
     kernel lets it (multiprocessing reaps it then); its pipes are closed all the same."""
     p = w.process
-    if p.exitcode is None:
-        p.terminate()
-        _continue(p.pid)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
+    if w.running:
+        w.signal(signal.SIGTERM)
+        w.signal(signal.SIGCONT)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
         w.join(_KILL_TIMEOUT_S)
-    if p.exitcode is None:
-        p.kill()
+    if w.running:
+        w.signal(signal.SIGKILL)
         join_killed(w)
     else:
-        p.join()
+        p.join()  # reaps it (at once: it has exited); a no-op where SIGCHLD is ignored
+        if p.exitcode is None and isinstance(getattr(mp_process, "_children", None), set):
+            mp_process._children.discard(p)  # type: ignore[attr-defined]  # else its exit handler signals the pid
     w.unsent.clear()  # nobody will read it now
     w.backlog.discard(w)
     _live_workers.discard(p)
@@ -366,7 +381,7 @@ def _reap(w: WorkerHandle) -> None:
 def join_killed(w: WorkerHandle) -> None:
     """Join a worker just sent SIGKILL, for at most ``KILLED_JOIN_S``; warn if it is still there."""
     w.join(KILLED_JOIN_S)
-    if w.process.exitcode is None:
+    if w.running:
         logger.warning("worker %d (pid %s) did not exit within %s s of SIGKILL (uninterruptible sleep in the "
                        "kernel: a hung network file system or device?); not waiting for it any longer",
                        w.id, w.pid, KILLED_JOIN_S)
@@ -380,12 +395,3 @@ def _close(*conns: Connection | None) -> None:
             conn.close()
         except OSError:
             pass
-
-
-def _continue(pid: int | None) -> None:
-    if not pid:
-        return
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except (ProcessLookupError, PermissionError):
-        pass
