@@ -234,6 +234,9 @@ class TimeoutWithoutWorkersError(ConfigError, AssertionError):
 def describe_exit(exitcode: int | None) -> str:
     """Word an exit code as users read it: ``signal SIGKILL (9)`` or ``exit code 3``."""
     if exitcode is None:
+        if _signal.getsignal(_signal.SIGCHLD) is _signal.SIG_IGN:  # engine/exits.py
+            return ("an exit status this process cannot learn (it ignores SIGCHLD, so the kernel reaps "
+                    "its children and drops their status)")
         return "no exit code (still running)"
     if exitcode < 0:
         try:

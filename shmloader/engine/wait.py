@@ -20,7 +20,6 @@ task sent again once its slot is whole, stopping as soon as a reply waits).
 from __future__ import annotations
 
 import math
-import os
 import select
 import signal
 import time
@@ -137,7 +136,7 @@ class WaitAndRecover:
             by_fd: dict[int, tuple[WorkerHandle, bool | None]] = {}
             for w in self._pool.workers:
                 by_fd[w.results.fileno()] = (w, False)
-                by_fd[w.process.sentinel] = (w, True)
+                by_fd[w.exit_fd] = (w, True)  # its pidfd where there is one: engine/exits.py
             self._poll_set = (generation, self._new_poll(by_fd), by_fd)
             self._room_polled = set()
             self._head_pollers = {}
@@ -324,10 +323,7 @@ class WaitAndRecover:
         rec = self._ledger.get(key)
         logger.warning("worker %d (pid %s) spent more than %s s on %s; killing it", w.id, w.pid, limit_s,
                        f"task {key[1]}" if w.ready else "start-up")
-        try:
-            os.kill(w.pid or 0, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        w.signal(signal.SIGKILL)
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or self._iterable:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
@@ -341,7 +337,7 @@ class WaitAndRecover:
 
     def _on_death(self, w: WorkerHandle, cause: str | None) -> None:
         """A worker died: note the error it becomes (raised at the next wait), or replace it."""
-        w.process.join(1.0)
+        w.join(1.0)
         exitcode = w.process.exitcode
         tasks = self._tasks_of(w)
         self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)

@@ -42,6 +42,7 @@ from typing import Any
 
 from shmloader.log import logger
 from shmloader import owner
+from shmloader.engine import exits
 from shmloader.engine.payload import pickled_spec
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
@@ -116,6 +117,9 @@ class WorkerHandle:
     # a process whose SIGPIPE action is the default (tests/test_sigpipe.py); the sentinel reports
     # the death. Closed with the handle (``_reap``).
     task_reader: Connection | None = None
+    # A pidfd of the process (fork, spawn; -1 where none): its exit, which the worker's own children
+    # cannot hide as they can its sentinel (engine/exits.py). Closed with the handle (``_reap``).
+    pidfd: int = -1
 
     def __post_init__(self) -> None:
         self.replies = wire.FrameReader(self.results.fileno())
@@ -124,6 +128,28 @@ class WorkerHandle:
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    @property
+    def exit_fd(self) -> int:
+        """What the wait polls for this worker's exit: its pidfd, else its sentinel."""
+        return self.pidfd if self.pidfd >= 0 else self.process.sentinel
+
+    def join(self, timeout_s: float | None) -> None:
+        """Join the process, over as soon as it has exited (``exits.join``)."""
+        exits.join(self.process, self.pidfd, timeout_s)
+
+    @property
+    def running(self) -> bool:
+        """Not yet exited: no exit code, and its pidfd (if any) says so too (a trainer that ignores
+        SIGCHLD never gets an exit code: engine/exits.py)."""
+        return self.process.exitcode is None and not exits.exited(self.pidfd)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to this worker and to no other process (``exits.send_signal``)."""
+        if sig in (signal.SIGTERM, signal.SIGKILL) and self.pidfd < 0:
+            (self.process.terminate if sig == signal.SIGTERM else self.process.kill)()  # multiprocessing's own
+        else:
+            exits.send_signal(self.process, self.pidfd, sig)
 
     def send(self, msg: Any) -> None:
         """Send any picklable message (stop, ``Detach``, ``Reset``), behind every task already sent."""
@@ -219,6 +245,8 @@ class WorkerPool:
             handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog, task_reader=task_r)
             _live_workers.add(process)
             self._launch(process)
+            if not self._forkserver:  # see engine/exits.py
+                handle.pidfd = exits.open_pidfd(process)
             self._place(handle)  # from here shutdown() stops it, whatever is raised next
         except BaseException:
             _close(task_r, res_w)
@@ -301,7 +329,7 @@ class WorkerPool:
                     pass
             deadline = time.monotonic() + grace_s
             for w in workers:
-                w.process.join(max(0.0, deadline - time.monotonic()))
+                w.join(max(0.0, deadline - time.monotonic()))
         finally:  # a Ctrl-C during the polite part: off the list already, so stopped here or never
             _reap_all(workers)
 
@@ -331,25 +359,29 @@ def _reap(w: WorkerHandle) -> None:
     SIGKILL does not end within ``KILLED_JOIN_S`` is named in a warning and left to exit when the
     kernel lets it (multiprocessing reaps it then); its pipes are closed all the same."""
     p = w.process
-    if p.exitcode is None:
-        p.terminate()
-        _continue(p.pid)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
-        p.join(_KILL_TIMEOUT_S)
-    if p.exitcode is None:
-        p.kill()
+    if w.running:
+        w.signal(signal.SIGTERM)
+        w.signal(signal.SIGCONT)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
+        w.join(_KILL_TIMEOUT_S)
+    if w.running:
+        w.signal(signal.SIGKILL)
         join_killed(w)
     else:
-        p.join()
+        p.join()  # reaps it (at once: it has exited); a no-op where SIGCHLD is ignored
+        if p.exitcode is None and isinstance(getattr(mp_process, "_children", None), set):
+            mp_process._children.discard(p)  # type: ignore[attr-defined]  # else its exit handler signals the pid
     w.unsent.clear()  # nobody will read it now
     w.backlog.discard(w)
     _live_workers.discard(p)
+    pidfd, w.pidfd = w.pidfd, -1
+    exits.close(pidfd)
     _close(w.tasks, w.results, w.task_reader)
 
 
 def join_killed(w: WorkerHandle) -> None:
     """Join a worker just sent SIGKILL, for at most ``KILLED_JOIN_S``; warn if it is still there."""
-    w.process.join(KILLED_JOIN_S)
-    if w.process.exitcode is None:
+    w.join(KILLED_JOIN_S)
+    if w.running:
         logger.warning("worker %d (pid %s) did not exit within %s s of SIGKILL (uninterruptible sleep in the "
                        "kernel: a hung network file system or device?); not waiting for it any longer",
                        w.id, w.pid, KILLED_JOIN_S)
@@ -363,12 +395,3 @@ def _close(*conns: Connection | None) -> None:
             conn.close()
         except OSError:
             pass
-
-
-def _continue(pid: int | None) -> None:
-    if not pid:
-        return
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -10,6 +10,9 @@ samples). Promises:
   again nor advances an iterable dataset, and with the built-in collate it is collated once,
   straight into the larger slot (``too_small``);
 - it never registers a segment with the resource tracker and never unlinks one;
+- only the worker's own process answers: a child that user code forks in it and that comes back
+  into this code (no ``os._exit``) exits before it sends or reads anything (``_leave_if_forked``;
+  it used to answer for the worker: tests/test_procs_forked_child.py);
 - it exits when told (``None``), when its task pipe closes, and when the main process dies: at
   once on Linux when the thread that forked it lasts as long as its process (``PR_SET_PDEATHSIG``:
   started from the main process's main thread, or by the fork server), otherwise when its poll
@@ -55,6 +58,7 @@ from shmloader.transport.segment import Segment, prefault
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 
 PARENT_CHECK_S = 0.5
+_worker: tuple[int, int] | None = None  # (worker id, pid) of this process, set as the worker starts
 
 
 @dataclass
@@ -86,6 +90,8 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
     kernel may kill this worker when that thread ends (``_watch_parent``).
     """
+    global _worker
+    _worker = (worker_id, os.getpid())
     _own_signals()
     _watch_parent(parent_pid, death_signal)
     try:
@@ -173,7 +179,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _leave_if_forked(msg: Any = None) -> None:
+    """Exit at once, sending nothing, in a process that is not the worker itself but a child that
+    user code forked inside it and that came back into our code; print why (and the traceback of
+    the exception it came back with). The worker goes on: its own reply is the one that counts."""
+    if _worker is None or os.getpid() == _worker[1]:  # a system call, some 0.3 µs: once or twice a task
+        return
+    worker_id, pid = _worker
+    text = msg.traceback if isinstance(msg, Failed) else ""
+    try:
+        sys.stderr.write(f"{text}shmloader: process {os.getpid()}, forked inside DataLoader worker {worker_id} "
+                         f"(pid {pid}) by the dataset, collate_fn or worker_init_fn, returned into the worker's own "
+                         "code instead of exiting (end a forked child with os._exit); it exits with code 1 and "
+                         "answers nothing for the worker.\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # stderr closed or gone
+        pass
+    os._exit(1)
+
+
 def _send(conn: Connection, msg: Any) -> None:
+    _leave_if_forked(msg)
     try:
         wire.write_frame(conn.fileno(), wire.reply_frame(msg))
     except (BrokenPipeError, EOFError, OSError):
@@ -243,6 +269,7 @@ class _Worker:
     def loop(self, tasks: Connection, main_pid: int, ppid: int) -> None:
         frames = _TaskFrames(tasks)
         while True:
+            _leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
             frame = frames.next(PARENT_CHECK_S)
             if frame is _QUIET:
                 if os.getppid() != ppid or not _alive(main_pid):

@@ -1,0 +1,85 @@
+"""Seeing a worker process exit: a pidfd, which no other process can hold open.
+
+Owns one descriptor per worker started under fork or spawn: a pidfd (``os.pidfd_open``, Linux
+5.3), readable the moment the process itself exits. Runs in the main process. Promises: a
+worker's exit is seen at once (the wait polls ``exit_fd``) and its joins end as soon as it has
+exited, whatever processes it started; a signal to a worker goes to that process and to no
+other (``send_signal``); without a pidfd (another OS, an older kernel, a sandbox that refuses it),
+and under forkserver, multiprocessing's sentinel and ``os.kill`` as before.
+
+Why: under fork and spawn multiprocessing's sentinel is a pipe whose write end the worker holds
+for its life, and the pipe reads as closed only once every process holding that end has exited.
+A process the worker forks (``worker_init_fn`` or the dataset starting a helper with a bare fork,
+as some C libraries do) inherits it: while that helper lived, a dead worker looked alive, the
+main process waited for its batch until the helper exited (for ever, for a helper that never
+does), and each join at shutdown waited out its whole timeout (tests/test_procs_helpers.py).
+Under forkserver the sentinel is the fork server's report of the exit, which no worker's child
+holds, and the worker is the fork server's child, not ours, so its pid could be reaped and reused
+before a pidfd was opened: the sentinel stays.
+
+A trainer that ignores SIGCHLD (``signal(SIGCHLD, SIG_IGN)``, a server's way to avoid zombies)
+has the kernel reap its children as they exit, status and all: multiprocessing then never learns
+that a worker exited (its exit code stays None), and shutdown sent the finished worker SIGTERM,
+SIGCONT and SIGKILL by pid — a pid the kernel is free to give to any new process, another job's
+included — then warned that it "did not exit within 5 s of SIGKILL". The pidfd still says the
+worker exited (``exited``), and a signal sent through it reaches no other process
+(tests/test_procs_sigchld.py).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from typing import Any
+
+_pidfd_open = getattr(os, "pidfd_open", None)
+
+
+def open_pidfd(process: Any) -> int:
+    """A pidfd of ``process``, just started and not yet joined (so its pid cannot have been reused:
+    it is our child, and only a join reaps it); -1 where the system has none."""
+    if _pidfd_open is None or not process.pid:
+        return -1
+    try:
+        return int(_pidfd_open(process.pid))
+    except OSError:  # ENOSYS (kernel before 5.3), EPERM (seccomp), EMFILE: the sentinel will do
+        return -1
+
+
+def join(process: Any, pidfd: int, timeout_s: float | None) -> None:
+    """``process.join(timeout_s)``, over as soon as the process has exited (its pidfd is readable),
+    where multiprocessing's own join waits for its sentinel, which the worker's children may hold."""
+    if pidfd >= 0 and process.exitcode is None:
+        ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        exited = bool(poller.poll(ms))
+        timeout_s = None if exited else 0.0  # exited: the join reaps it at once; else it stays running
+    process.join(timeout_s)
+
+
+def exited(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has exited (False without a pidfd: ask multiprocessing)."""
+    if pidfd < 0:
+        return False
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def send_signal(process: Any, pidfd: int, sig: int) -> None:
+    """Send ``sig`` to the worker, never to a process that took its pid after it was reaped: through
+    its pidfd where it has one. Nothing happens once it has exited."""
+    try:
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, sig)
+        elif process.pid:
+            os.kill(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def close(pidfd: int) -> None:
+    if pidfd >= 0:
+        os.close(pidfd)
