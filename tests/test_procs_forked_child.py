@@ -6,7 +6,7 @@ The defect: a dataset (or ``worker_init_fn``) that forks, and whose child does n
 copy of the worker: it sent its exception as the task's reply (the main process raised it though
 the worker itself delivered the batch), and it read tasks off the worker's pipe and answered them
 too. Such a child now exits before it sends or reads anything (``shmloader/worker/main.py``,
-``_leave_if_forked``), and says so on stderr; the worker goes on.
+``lineage.leave_if_forked``), and says so on stderr; the worker goes on.
 """
 
 from __future__ import annotations

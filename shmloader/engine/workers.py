@@ -19,7 +19,7 @@ runs (Python raises it right after a C call returns) used to fall after that ``t
 Any thread may start a worker (``iter(loader)``, ``next()`` and so ``replace``, in a thread of the
 user's). A worker outlives the thread that started it; it dies with the main process: at once
 (``PR_SET_PDEATHSIG``) when started from the main thread or by the fork server, otherwise through
-its own poll of the main process (``worker.main._watch_parent``). A process forked from this one
+its own poll of the main process (``worker.lineage.watch_parent``). A process forked from this one
 by other code does not inherit our workers as its children (``_disown_inherited``), so its exit
 leaves them alone.
 """

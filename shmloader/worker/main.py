@@ -11,21 +11,19 @@ samples). Promises:
   straight into the larger slot (``too_small``);
 - it never registers a segment with the resource tracker and never unlinks one;
 - only the worker's own process answers: a child that user code forks in it and that comes back
-  into this code (no ``os._exit``) exits before it sends or reads anything (``_leave_if_forked``;
+  into this code (no ``os._exit``) exits before it sends or reads anything (``lineage.leave_if_forked``;
   it used to answer for the worker: tests/test_procs_forked_child.py);
 - it exits when told (``None``), when its task pipe closes, and when the main process dies: at
   once on Linux when the thread that forked it lasts as long as its process (``PR_SET_PDEATHSIG``:
   started from the main process's main thread, or by the fork server), otherwise when its poll
-  notices, within ``PARENT_CHECK_S`` of waiting for a task (``_watch_parent``); it never blocks
+  notices, within ``PARENT_CHECK_S`` of waiting for a task (``lineage``); it never blocks
   forever.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
-import signal
 import sys
 import time
 import traceback
@@ -55,10 +53,10 @@ from shmloader.transport.messages import (
     TooSmall,
 )
 from shmloader.transport.segment import Segment, prefault
+from shmloader.worker import lineage
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
+from shmloader.worker.lineage import PARENT_CHECK_S
 
-PARENT_CHECK_S = 0.5
-_worker: tuple[int, int] | None = None  # (worker id, pid) of this process, set as the worker starts
 
 
 @dataclass
@@ -88,12 +86,9 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     """Process entry point (``multiprocessing.Process(target=run, ...)``).
 
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
-    kernel may kill this worker when that thread ends (``_watch_parent``).
+    kernel may kill this worker when that thread ends (``lineage.watch_parent``).
     """
-    global _worker
-    _worker = (worker_id, os.getpid())
-    _own_signals()
-    _watch_parent(parent_pid, death_signal)
+    lineage.start(worker_id, parent_pid, death_signal)
     try:
         spec = _load_spec(spec_or_blob)
         apply_worker_log_setup(spec.log_setup)  # before worker_init_fn, which may configure its own
@@ -106,16 +101,6 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
         worker.loop(tasks, parent_pid, os.getppid())
     finally:
         worker.detach_all()
-
-
-def _own_signals() -> None:
-    """Ctrl-C is the trainer's to handle (it then stops us): ignored. SIGTERM is how shutdown
-    stops a busy worker: its default action, whatever handler a forked worker inherited from the
-    trainer (a framework's, which checkpoints or signals the job's other processes: run here it
-    did that from a worker, and kept the worker alive until SIGKILL). ``worker_init_fn`` runs
-    later, so a dataset may still install its own."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,
@@ -149,57 +134,8 @@ def _load_spec(spec_or_blob: WorkerSpec | bytes) -> WorkerSpec:
     return spec_or_blob
 
 
-def _watch_parent(main_pid: int, death_signal: bool) -> None:
-    """Exit now if the main process is gone; with ``death_signal``, ask Linux to SIGKILL us the
-    moment our parent dies. The poll in ``_Worker.loop`` watches the main process in every case.
-
-    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked us ends, not its process (prctl(2)):
-    asked for by a worker started from any other thread, it killed the worker as soon as that
-    thread ended (an epoch run in a thread, then the next in the main one). So the caller asks
-    for it only where that thread lasts as long as its process: the main thread, or the fork
-    server's, which exits when the main process dies.
-    """
-    if death_signal and sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if not _alive(main_pid):
-        os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _leave_if_forked(msg: Any = None) -> None:
-    """Exit at once, sending nothing, in a process that is not the worker itself but a child that
-    user code forked inside it and that came back into our code; print why (and the traceback of
-    the exception it came back with). The worker goes on: its own reply is the one that counts."""
-    if _worker is None or os.getpid() == _worker[1]:  # a system call, some 0.3 µs: once or twice a task
-        return
-    worker_id, pid = _worker
-    text = msg.traceback if isinstance(msg, Failed) else ""
-    try:
-        sys.stderr.write(f"{text}shmloader: process {os.getpid()}, forked inside DataLoader worker {worker_id} "
-                         f"(pid {pid}) by the dataset, collate_fn or worker_init_fn, returned into the worker's own "
-                         "code instead of exiting (end a forked child with os._exit); it exits with code 1 and "
-                         "answers nothing for the worker.\n")
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):  # stderr closed or gone
-        pass
-    os._exit(1)
-
-
 def _send(conn: Connection, msg: Any) -> None:
-    _leave_if_forked(msg)
+    lineage.leave_if_forked(msg)
     try:
         wire.write_frame(conn.fileno(), wire.reply_frame(msg))
     except (BrokenPipeError, EOFError, OSError):
@@ -269,10 +205,10 @@ class _Worker:
     def loop(self, tasks: Connection, main_pid: int, ppid: int) -> None:
         frames = _TaskFrames(tasks)
         while True:
-            _leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
+            lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
             frame = frames.next(PARENT_CHECK_S)
             if frame is _QUIET:
-                if os.getppid() != ppid or not _alive(main_pid):
+                if os.getppid() != ppid or not lineage.alive(main_pid):
                     return
                 continue
             if frame is None:  # the task pipe closed
