@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import shmloader
+from shmloader.errors import LoaderError
 
 
 class _YieldsAfterStop:
@@ -63,3 +64,50 @@ def test_a_share_ends_as_torch_ends_it(batch_size: int | None) -> None:
 
     want = [b.tolist() for b in torch.utils.data.DataLoader(TorchAfterStop(), **kwargs)]
     assert _items(shmloader.DataLoader(AfterStop(), **kwargs)) == want
+
+
+class FailsSecondIter(shmloader.IterableDataset):
+    """Worker w yields ``100 * w + i`` for i < 3; worker 1's second ``__iter__`` (the second epoch of
+    persistent workers: each worker counts the calls on its own copy) raises ``KeyError``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __iter__(self) -> Any:
+        self.calls += 1
+        info = shmloader.get_worker_info()
+        wid = 0 if info is None else info.id
+        if wid == 1 and self.calls == 2:
+            raise KeyError("no stream this epoch")
+        return iter([np.array([100 * wid + i]) for i in range(3)])
+
+
+def _epoch_with_errors(loader: Any) -> list[Any]:
+    """Each batch, or the type of the error raised in its place, until the epoch ends."""
+    out: list[Any] = []
+    it = iter(loader)
+    while True:
+        try:
+            out.append(np.asarray(next(it)).tolist())
+        except StopIteration:
+            return out
+        except Exception as exc:  # the batch's error: iteration may go on, as in torch
+            out.append((type(exc).__name__, str(exc).split("\n")[0]))
+            if isinstance(exc, LoaderError):  # the loader's own fault: the epoch is over
+                return out
+
+
+@pytest.mark.timeout(60)
+def test_an_iter_that_fails_in_a_later_persistent_epoch_is_the_dataset_error() -> None:
+    # it used to kill the worker: WorkerDied "exit code 1", the KeyError on stderr only
+    loader = shmloader.DataLoader(FailsSecondIter(), num_workers=2, batch_size=2, persistent_workers=True)
+    try:
+        first = _epoch_with_errors(loader)
+        second = _epoch_with_errors(loader)
+        third = _epoch_with_errors(loader)
+    finally:
+        loader.close()
+    assert first == third == [[[0], [1]], [[100], [101]], [[2]], [[102]]]
+    assert second[0] == [[0], [1]]
+    assert second[1][0] == "KeyError" and "worker process 1" in second[1][1], second
+    assert second[2:] == [[[2]]]  # worker 1's share is over; worker 0's goes on
