@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.errors import StateError
+from shmloader.state_fields import OBJECTS as _OBJECTS
 from shmloader.state_fields import check_fields, check_ranges
 from shmloader.state_random import Snapshot, prepare_restore, take_random
 
@@ -40,7 +41,6 @@ STATE_VERSION = 1
 FORMAT = "shmloader.DataLoader"
 _KEYS = ("format", "version", "config", "epoch", "in_progress", "base_seed", "delivered", "yielded",
          "random", "objects")
-_OBJECTS = ("sampler", "batch_sampler", "dataset")  # loader attributes saved through their state_dict
 _LENGTHS = {"dataset_len", "batches_per_epoch"}  # what those objects' own states may change
 
 
