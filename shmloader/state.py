@@ -374,7 +374,10 @@ def _type_name(obj: Any) -> str:
 
 
 def _len_or_none(obj: Any) -> int | None:
+    """``len(obj)``; None where it has none, or says it does not know (``NotImplementedError``, as
+    stream libraries' ``__len__`` do): iteration never asks an iterable dataset or a batch sampler
+    for it, so saving must not either."""
     try:
         return len(obj)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return None

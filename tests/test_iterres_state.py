@@ -4,6 +4,8 @@ names the field, before anything is restored (docs/resume.md, "What is refused")
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,3 +32,47 @@ def test_objects_other_than_sampler_batch_sampler_dataset_are_refused_by_name(na
     with pytest.raises(StateError, match=rf"objects.*{name}"):
         loader.load_state_dict(state)
     assert loader.state_dict() == before
+
+
+class UnknownLength(shmloader.IterableDataset):
+    """Five samples, sharded by worker; its length is unknown, as some stream libraries say it."""
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        info = shmloader.get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        return iter([np.array([i]) for i in range(first, 5, step)])
+
+    def __len__(self) -> int:
+        raise NotImplementedError("this stream does not know its length")
+
+
+class UnknownBatches:
+    """A batch sampler of pairs whose ``__len__`` says it does not know."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([[0, 1], [2, 3], [4]])
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["iterable", "batch_sampler"])
+def test_a_length_that_raises_not_implemented_does_not_stop_saving(kind: str, num_workers: int) -> None:
+    # iteration never asks for it (as torch's), but state_dict() raised the NotImplementedError
+    def make() -> shmloader.DataLoader:
+        if kind == "iterable":
+            return shmloader.DataLoader(UnknownLength(), batch_size=2, num_workers=num_workers)
+        return shmloader.DataLoader(DATA[:5], batch_sampler=UnknownBatches(), num_workers=num_workers)
+
+    full = [b.tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    before = [next(it).tolist()]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["config"]["dataset_len" if kind == "iterable" else "batches_per_epoch"] is None
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert before + [b.tolist() for b in resumed] == full
