@@ -219,6 +219,11 @@ def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, An
     if record is None and book.resume is not None:
         return json.loads(json.dumps(book.resume.state))
     record = record if record is not None else book.record
+    if record is not None and record.finished and record.epoch + 1 != book.epoch_count:
+        # the start of the epoch after it is gone: the generators have drawn a later epoch since
+        raise StateError(f"cannot save the state of an iterator whose epoch {record.epoch} has ended after a later "
+                         f"epoch has started (epoch {book.epoch_count - 1}): that epoch's own iterator, or the "
+                         "loader, has the state to save")
     if record is None or record.finished:
         state = _state(loader, book.epoch_count, False, book.reused_seed, [], 0,
                        _next_epoch_random(loader), object_states(loader))

@@ -76,3 +76,26 @@ def test_a_length_that_raises_not_implemented_does_not_stop_saving(kind: str, nu
     resumed = make()
     resumed.load_state_dict(state)
     assert before + [b.tolist() for b in resumed] == full
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_ended_iterator_saves_its_next_epoch_only_until_that_epoch_starts(num_workers: int) -> None:
+    def make() -> shmloader.DataLoader:
+        return shmloader.DataLoader(DATA, batch_size=4, shuffle=True, generator=3, num_workers=num_workers)
+
+    uninterrupted = make()
+    epochs = [[b.tolist() for b in uninterrupted] for _ in range(2)]
+    loader = make()
+    first = iter(loader)
+    assert [b.tolist() for b in first] == epochs[0]
+    state = json.loads(json.dumps(first.state_dict()))  # the start of epoch 1
+    second = iter(loader)
+    next(second)
+    # it used to save the start of epoch 2 (the generators as epoch 1 left them): epoch 1 skipped
+    with pytest.raises(StateError, match="epoch 0 has ended after a later epoch has started"):
+        first.state_dict()
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == epochs[1]
