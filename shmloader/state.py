@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.errors import StateError
+from shmloader.state_fields import OBJECTS as _OBJECTS
 from shmloader.state_fields import check_fields, check_ranges
 from shmloader.state_random import Snapshot, prepare_restore, take_random
 
@@ -40,7 +41,6 @@ STATE_VERSION = 1
 FORMAT = "shmloader.DataLoader"
 _KEYS = ("format", "version", "config", "epoch", "in_progress", "base_seed", "delivered", "yielded",
          "random", "objects")
-_OBJECTS = ("sampler", "batch_sampler", "dataset")  # loader attributes saved through their state_dict
 _LENGTHS = {"dataset_len", "batches_per_epoch"}  # what those objects' own states may change
 
 
@@ -219,6 +219,11 @@ def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, An
     if record is None and book.resume is not None:
         return json.loads(json.dumps(book.resume.state))
     record = record if record is not None else book.record
+    if record is not None and record.finished and record.epoch + 1 != book.epoch_count:
+        # the start of the epoch after it is gone: the generators have drawn a later epoch since
+        raise StateError(f"cannot save the state of an iterator whose epoch {record.epoch} has ended after a later "
+                         f"epoch has started (epoch {book.epoch_count - 1}): that epoch's own iterator, or the "
+                         "loader, has the state to save")
     if record is None or record.finished:
         state = _state(loader, book.epoch_count, False, book.reused_seed, [], 0,
                        _next_epoch_random(loader), object_states(loader))
@@ -374,7 +379,10 @@ def _type_name(obj: Any) -> str:
 
 
 def _len_or_none(obj: Any) -> int | None:
+    """``len(obj)``; None where it has none, or says it does not know (``NotImplementedError``, as
+    stream libraries' ``__len__`` do): iteration never asks an iterable dataset or a batch sampler
+    for it, so saving must not either."""
     try:
         return len(obj)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return None

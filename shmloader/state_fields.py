@@ -19,12 +19,15 @@ import numpy as np
 from shmloader.errors import StateError
 
 _SEED_LIMIT = 1 << 64  # base seeds are drawn as torch draws them: 64-bit unsigned
+OBJECTS = ("sampler", "batch_sampler", "dataset")  # the loader attributes saved through their state_dict
 
 
 def check_fields(state: Mapping[str, Any]) -> None:
     """Raise ``StateError`` for the first field of ``state`` of the wrong type or range."""
     _expect(isinstance(state["config"], Mapping), "config", state["config"], "a mapping")
     _expect(isinstance(state["objects"], Mapping), "objects", state["objects"], "a mapping")
+    for name in state["objects"]:  # a foreign name would reach any loader attribute (``__class__``)
+        _expect(name in OBJECTS, "objects", name, f"a mapping with keys among {', '.join(OBJECTS)}")
     for name in ("epoch", "yielded"):
         _expect(_count(state[name]), name, state[name], "an integer >= 0")
     _expect(type(state["in_progress"]) is bool, "in_progress", state["in_progress"], "true or false")

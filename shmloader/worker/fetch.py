@@ -45,7 +45,13 @@ class IterableFetcher:
         if self.ended:
             raise StopIteration
         if not self.auto_collation:
-            return next(self.iterator)
+            try:
+                return next(self.iterator)
+            except StopIteration:
+                # ended for good, as torch's worker ends at its first one (``iteration_end``): an
+                # iterator asked again may yield more, and the tasks already sent would deliver it
+                self.ended = True
+                raise
         assert self.batch_size is not None
         data, self._partial = self._partial, []
         try:

@@ -184,6 +184,7 @@ class _Worker:
         # retry: at most the tasks this worker holds, and none of an epoch after a later one begins
         self.pending: dict[tuple[int, int], tuple[Any, Any, int]] = {}
         self.epoch = 0
+        self.reset_error: Any = None  # sys.exc_info() of a failed ``reset``, for the next task's reply
         torch = sys.modules.get("torch")
         if torch is None and spec.to_torch:  # torch's flavour: seeded as torch's workers always are,
             import torch  # even when the dataset imports it only later (spawn, forkserver)
@@ -228,15 +229,28 @@ class _Worker:
                 self.reset(msg.epoch, msg.seed)
 
     def reset(self, epoch: int, seed: int | None = None) -> None:
+        """A persistent worker's next epoch. The dataset's error here (its ``__iter__``, a DataPipe's
+        reseed) is this worker's share of the epoch: raised in the place of its first task, after
+        which the share has ended, as a generator that raised has (a worker killed by it lost the
+        error to stderr, and the epoch to ``WorkerDied``)."""
         self.epoch = epoch
         self.pending.clear()
-        if seed is not None and self.spec.reseed is not None:  # before the dataset is iterated again
-            self.spec.reseed(self.spec.dataset, seed)
-        if isinstance(self.fetcher, IterableFetcher):
-            self.fetcher.reset()
+        self.reset_error = None
+        try:
+            if seed is not None and self.spec.reseed is not None:  # before the dataset is iterated again
+                self.spec.reseed(self.spec.dataset, seed)
+            if isinstance(self.fetcher, IterableFetcher):
+                self.fetcher.reset()
+        except Exception:
+            if isinstance(self.fetcher, IterableFetcher):
+                self.fetcher.ended = True
+            self.reset_error = sys.exc_info()
 
     # -- one task --------------------------------------------------------------------------
     def handle(self, task: Task) -> Any:
+        if self.reset_error is not None:
+            exc_info, self.reset_error = self.reset_error, None
+            return _failure(task.epoch, task.task, exc_info)
         key = (task.epoch, task.task)
         try:
             if task.seed is not None:
