@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.errors import StateError
+from shmloader.state_config import check_config, config_of, type_name
 from shmloader.state_fields import OBJECTS as _OBJECTS
 from shmloader.state_fields import check_fields, check_ranges
 from shmloader.state_random import Snapshot, prepare_restore, take_random
@@ -41,7 +42,6 @@ STATE_VERSION = 1
 FORMAT = "shmloader.DataLoader"
 _KEYS = ("format", "version", "config", "epoch", "in_progress", "base_seed", "delivered", "yielded",
          "random", "objects")
-_LENGTHS = {"dataset_len", "batches_per_epoch"}  # what those objects' own states may change
 
 
 class TaskSet:
@@ -146,7 +146,7 @@ def _copied(name: str, obj: Any) -> Any:
     try:
         return copy.deepcopy(obj.state_dict())
     except Exception as exc:  # what state_dict() returned holds a lock, a file, a generator object...
-        return _Uncopied(f"cannot save the loader state: the {name}'s state_dict() ({_type_name(obj)}) could not "
+        return _Uncopied(f"cannot save the loader state: the {name}'s state_dict() ({type_name(obj)}) could not "
                          f"be copied when the epoch started ({type(exc).__name__}: {exc}); it must return plain "
                          "values (dict, list, str, int, float, bool, None)")
 
@@ -193,21 +193,6 @@ def _then_the_rest(first: Any, it: Iterator[Any]) -> Iterator[Any]:
 
 
 # -- saving --------------------------------------------------------------------------------------
-def config_of(loader: Any) -> dict[str, Any]:
-    """What must match for delivered task numbers to mean the same batches."""
-    iterable = loader._is_iterable
-    return {
-        "dataset_len": _len_or_none(loader.dataset),
-        "iterable": iterable,
-        "batch_size": loader.batch_size,
-        "drop_last": loader.drop_last,
-        "sampler": _type_name(loader.sampler),
-        "batch_sampler": None if loader.batch_sampler is None else _type_name(loader.batch_sampler),
-        "batches_per_epoch": None if iterable else _len_or_none(loader._index_sampler),
-        "task_seeding": bool(loader._config.task_seeding),
-    }
-
-
 def loader_state(loader: Any, record: EpochRecord | None = None) -> dict[str, Any]:
     """The state of ``record``'s epoch (default: the loader's latest), or of the next epoch's start.
 
@@ -284,7 +269,7 @@ def restore_sources(loader: Any, state: Mapping[str, Any]) -> None:
     put_back = prepare_restore(loader, state["random"]["sources"])
     loaded = _load_objects(targets)
     try:
-        _check_config(loader, state, lengths_may_follow=False)
+        check_config(loader, state, lengths_may_follow=False)
     except StateError:
         _unload(loaded)
         raise
@@ -297,7 +282,7 @@ def _object_target(loader: Any, name: str, saved: Any) -> Any:
     target: Any = getattr(loader, name, None)
     if not callable(getattr(target, "load_state_dict", None)):
         raise StateError(f"the state holds a {name} state_dict but this loader's {name} "
-                         f"({_type_name(target)}) has no load_state_dict", saved, None)
+                         f"({type_name(target)}) has no load_state_dict", saved, None)
     return target
 
 
@@ -335,26 +320,7 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
     if missing:
         raise StateError(f"the state lacks {', '.join(missing)} (saved keys: {', '.join(sorted(state))})")
     check_fields(state)
-    _check_config(loader, state, lengths_may_follow=bool(state["objects"]))
-
-
-def _check_config(loader: Any, state: Mapping[str, Any], lengths_may_follow: bool) -> None:
-    """StateError (both sides printed) unless the state's configuration is this loader's. With
-    ``lengths_may_follow``, lengths alone that differ are left for after the objects are loaded:
-    a dataset's or sampler's length may follow its own state (a curriculum level)."""
-    saved, current = state["config"], config_of(loader)
-    diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
-    if diff and lengths_may_follow and set(diff) <= _LENGTHS:
-        return
-    if diff:
-        lines = "\n".join(f"  {k}: saved {saved.get(k)!r}, this loader {current.get(k)!r}" for k in diff)
-        raise StateError(f"the state was saved by a loader configured differently; its delivered tasks would "
-                         f"not be the same batches here:\n{lines}\nsaved:       {json.dumps(saved)}\n"
-                         f"this loader: {json.dumps(current)}", saved, current)
-    total = current["batches_per_epoch"]
-    if state["in_progress"] and total is not None and state["delivered"] and state["delivered"][-1][1] > total:
-        raise StateError(f"the state says task {state['delivered'][-1][1] - 1} was delivered, but an epoch of "
-                         f"this loader has {total} tasks", state["delivered"], total)
+    check_config(loader, state, lengths_may_follow=bool(state["objects"]))
 
 
 # -- what cannot be saved ---------------------------------------------------------------------
@@ -371,18 +337,3 @@ def _unsaveable(loader: Any) -> str | None:
                     "draws its order from fresh OS entropy when torch is not imported, so the order cannot be "
                     "re-created. Pass generator= (an int seed, numpy or torch Generator) to make it resumable.")
     return None
-
-
-def _type_name(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _len_or_none(obj: Any) -> int | None:
-    """``len(obj)``; None where it has none, or says it does not know (``NotImplementedError``, as
-    stream libraries' ``__len__`` do): iteration never asks an iterable dataset or a batch sampler
-    for it, so saving must not either."""
-    try:
-        return len(obj)
-    except (TypeError, NotImplementedError):
-        return None
