@@ -53,12 +53,12 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
-from shmloader.errors import RingExhausted, SlotOwnershipError
+from shmloader.errors import RingExhausted, ShmSpaceError, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
 from shmloader.transport.ring_growth import SlotGrowth
 from shmloader.transport.segment import Segment, page_round
-from shmloader.transport.shm_space import explain_enospc
+from shmloader.transport.shm_space import explain_enospc, held_space_error
 from shmloader.transport.slot import Slot, SlotState
 
 __all__ = ["Ring", "Slot", "SlotState"]
@@ -147,7 +147,13 @@ class Ring(SlotGrowth):
                 "batches, or raise max_slots (SHMLOADER_MAX_SLOTS; 0 = no limit)."
             )
         self._trim_held()
-        segment = self._new_segment(min_bytes)
+        try:
+            segment = self._new_segment(min_bytes)
+        except ShmSpaceError as exc:
+            held = self.count(SlotState.LEASED)
+            if held:
+                raise held_space_error(exc, len(self.slots), held) from exc
+            raise
         try:
             slot = Slot(len(self.slots), segment, SlotState.ASSIGNED, owner)
             self.slots.append(slot)
