@@ -103,6 +103,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._start_failures: dict[int, int] = {}
         self._deadlined = plan.timeout_s > 0 or cfg.task_timeout_s > 0  # else the wait has no timeout to compute
         self._ring = plan.make_ring()
+        self._ring.whole_slots = ring_slots(self._num_workers, self._prefetch)  # held batches past it are trimmed
         self._ledger = Ledger(self._ring)
         self._growths = Growths(self._ledger)
         self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)

@@ -242,7 +242,7 @@ class WaitAndRecover:
             return
         w.pop(rec.key)
         if isinstance(msg, Filled) and not stale:
-            self._ledger.fill(rec, msg.slot_id)
+            self._ledger.fill(rec, msg.slot_id, msg.used_bytes)
             self._reorder.put(rec.task, (rec, msg))
             return
         self._ledger.release(rec)  # failed, exhausted, or a reply of an abandoned epoch: no view is made

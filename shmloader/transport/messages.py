@@ -81,6 +81,7 @@ class Filled(NamedTuple):
     nbytes: int
     fetch_s: float
     collate_s: float
+    used_bytes: int = -1  # the slot's bytes the batch occupies from its start (-1: not said, all of them)
 
 
 @_compact

@@ -36,6 +36,14 @@ non_blocking=True)`` then dropping ``x``). With a ``fence`` (the pin backend's),
 records an event on the dropping thread's current stream; the slot *cools* (stays leased) until
 that event has completed, and only then is free. Past ``max_slots`` the ring waits for the oldest
 fence instead of raising.
+
+A batch the user keeps (``list(loader)``) should cost about its own bytes in the shm directory, as
+torch's does (each of its batches is in shared memory of its own size), not a slot as large as the
+largest batch yet. So when the ring must grow past ``whole_slots`` (its steady size, which the
+iterator sets: the pipeline and the batch in use), each slot the user holds is *trimmed* first: the pages past the bytes its batch occupies (``fill``'s ``used_bytes``) go back
+to the directory (``Segment.trim``). A trimmed slot is spent when released, as above: nothing
+writes its unreserved pages, ever; ``take`` gives it a fresh, wholly reserved segment. Not in a
+pinned ring, whose pages the pin backend holds.
 """
 
 from __future__ import annotations
@@ -45,12 +53,12 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
-from shmloader.errors import RingExhausted, SlotOwnershipError
+from shmloader.errors import RingExhausted, ShmSpaceError, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
 from shmloader.transport.ring_growth import SlotGrowth
 from shmloader.transport.segment import Segment, page_round
-from shmloader.transport.shm_space import explain_enospc
+from shmloader.transport.shm_space import explain_enospc, held_space_error
 from shmloader.transport.slot import Slot, SlotState
 
 __all__ = ["Ring", "Slot", "SlotState"]
@@ -83,6 +91,8 @@ class Ring(SlotGrowth):
         self.closed = False
         self._creator = ProcessOwner()
         self._leases: dict[int, Lease] = {}  # slot id -> its latest lease's finalizer
+        self._untrimmed: dict[int, Slot] = {}  # leased slots not trimmed yet (_trim_held), by id
+        self.whole_slots = 0  # the ring grows to this many slots before it trims held ones
         self._buffer_types: dict[int, type[ctypes.Array]] = {}  # size -> ctypes.c_char * size
         self._lingering: dict[int, Segment] = {}  # unlinked at close, retired when the lease dies
 
@@ -136,7 +146,14 @@ class Ring(SlotGrowth):
                 f"({leased} leased by batches the caller still holds). Drop references to old "
                 "batches, or raise max_slots (SHMLOADER_MAX_SLOTS; 0 = no limit)."
             )
-        segment = self._new_segment(min_bytes)
+        self._trim_held()
+        try:
+            segment = self._new_segment(min_bytes)
+        except ShmSpaceError as exc:
+            held = self.count(SlotState.LEASED)
+            if held:
+                raise held_space_error(exc, len(self.slots), held) from exc
+            raise
         try:
             slot = Slot(len(self.slots), segment, SlotState.ASSIGNED, owner)
             self.slots.append(slot)
@@ -146,10 +163,12 @@ class Ring(SlotGrowth):
             raise
         return slot
 
-    def fill(self, slot: Slot, owner: Hashable) -> None:
-        """The worker wrote ``owner``'s batch: the slot is in flight to the user."""
+    def fill(self, slot: Slot, owner: Hashable, used_bytes: int = -1) -> None:
+        """The worker wrote ``owner``'s batch in the slot's first ``used_bytes`` (-1: not said, all of
+        them): the slot is in flight to the user."""
         self._check(slot, owner, "fill", SlotState.ASSIGNED)
         slot.state = SlotState.FILLED
+        slot.used_bytes = slot.size_bytes if used_bytes < 0 else min(used_bytes, slot.size_bytes)
 
     def lease(self, slot: Slot, owner: Hashable) -> ctypes.Array:
         """Hand ``owner``'s filled slot to the user: a buffer whose collection returns the slot."""
@@ -166,6 +185,7 @@ class Ring(SlotGrowth):
         lease.args = (self._released, self._fence, slot.id, slot.lease_serial, mark, self._creator, self._lingering,
                       self._on_retire)
         LIVE[id(lease)] = self._leases[slot.id] = lease
+        self._untrimmed[slot.id] = slot
         return buf
 
     def free(self, slot: Slot, owner: Hashable) -> None:
@@ -222,12 +242,24 @@ class Ring(SlotGrowth):
         """Free a released slot unless it was leased again since (a stale release); a spent one's
         segment is retired first."""
         if slot.state is SlotState.LEASED and slot.lease_serial == serial:
-            if spent:
+            self._untrimmed.pop(slot.id, None)
+            if spent or slot.segment.reserved < slot.size_bytes:  # a fork's, or trimmed: never written again
                 self._retire(slot.segment)  # the forked child keeps its own mapping: its batch stays
                 slot.spent = True
             self._make_free(slot)
             return 1
         return 0
+
+    def _trim_held(self) -> None:
+        """Every slot is taken: give back the pages the held batches do not use (module docstring)."""
+        if len(self.slots) < self.whole_slots:  # the steady ring: the batches in use are not kept ones
+            return
+        untrimmed, self._untrimmed = self._untrimmed, {}
+        if self._on_create is not None:  # pinned: the pin backend holds the pages
+            return
+        for slot in untrimmed.values():
+            if slot.state is SlotState.LEASED and not slot.spent:
+                slot.segment.trim(slot.used_bytes)
 
     def shrink_to(self, keep: int) -> None:
         """Unlink free slots beyond ``keep`` slots in all (the user let go of held batches)."""
@@ -261,6 +293,7 @@ class Ring(SlotGrowth):
         self.slots.clear()
         self._free.clear()
         self._cooling.clear()
+        self._untrimmed.clear()
         if error is not None:
             try:
                 raise error

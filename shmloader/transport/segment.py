@@ -207,6 +207,22 @@ class Segment:
         self._release()  # reserved: the mapping's own descriptor holds the lock from here on
         return True
 
+    def trim(self, keep_bytes: int) -> bool:
+        """Give the directory back every page of an owned segment past its first ``keep_bytes``
+        (page-rounded), with ``MADV_REMOVE``: the file keeps its size, the pages read as zeros and
+        are no longer reserved (``reserved`` says how many are). Nothing may write past ``reserved``
+        again: the ring retires a trimmed segment once its batch is dropped. False, nothing changed,
+        where the file system or platform cannot."""
+        keep = page_round(keep_bytes)
+        if _REMOVE is None or not self._owner or keep >= self.reserved:
+            return False
+        try:
+            self.buf.madvise(_REMOVE, keep, self.size_bytes - keep)
+        except (OSError, ValueError):  # EOPNOTSUPP (a file system without hole punching), a closed mapping
+            return False
+        self.reserved = keep
+        return True
+
     def unlink(self) -> None:
         """Remove the file (owner only); the mapping stays valid for live views, and keeps the lock
         (on a file no longer there) until ``close`` or the last view."""
@@ -241,6 +257,7 @@ class Segment:
 
 # MADV_POPULATE_WRITE (Linux 5.14): Python has no name for it before 3.13; elsewhere None
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
+_REMOVE: int | None = getattr(mmap, "MADV_REMOVE", None)  # Linux: punches the pages out of the file
 
 
 def prefault(buf: mmap.mmap, nbytes: int) -> None:

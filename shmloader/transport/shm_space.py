@@ -27,6 +27,15 @@ def shm_free_bytes(shm_dir: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def shm_free_files(shm_dir: str) -> int | None:
+    """Files (inodes) that may still be made in ``shm_dir``; None when it cannot be read or sets no limit."""
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError:
+        return None
+    return st.f_favail if st.f_files else None
+
+
 _REMEDIES = ("Remedies: give the container more shared memory (Docker: --shm-size), use fewer workers or a "
              "smaller prefetch_factor, or point SHMLOADER_SHM_DIR (shm_dir=) at a directory with room "
              "(segments there are file-backed).")
@@ -62,9 +71,24 @@ def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
             raise _descriptors_error(exc, shm_dir) from exc
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
             raise
-        free = shm_free_bytes(shm_dir)
-        raise space_error(shm_dir, nbytes, -1 if free is None else free,
-                          f"a new shared-memory segment of {nbytes} bytes ({exc.strerror})") from exc
+        free = -1 if (free_bytes := shm_free_bytes(shm_dir)) is None else free_bytes
+        what = f"a new shared-memory segment of {nbytes} bytes ({exc.strerror})"
+        if shm_free_files(shm_dir) == 0:  # out of files, not bytes: saying "needs N, has more" would puzzle
+            raise ShmSpaceError(
+                f"{what} could not be made: {shm_dir} has no free inodes (one per segment) though {free} bytes "
+                "are free. Hold fewer batches at once (copy what you keep, e.g. batch.copy()), give the "
+                "directory more inodes (tmpfs: mount -o remount,nr_inodes=...), or point SHMLOADER_SHM_DIR "
+                "(shm_dir=) at another directory.", needed_bytes=nbytes, free_bytes=free, directory=shm_dir) from exc
+        raise space_error(shm_dir, nbytes, free, what) from exc
+
+
+def held_space_error(exc: ShmSpaceError, slots: int, held: int) -> ShmSpaceError:
+    """``exc`` (the ring could not add a slot), saying that the batches the caller keeps made it grow."""
+    held_hint = (f"The ring has {slots} slots, {held} of them held by batches the caller still holds (each batch "
+                 "kept keeps its slot): drop references to old batches, or copy what you keep (e.g. batch.copy()); "
+                 "max_slots (SHMLOADER_MAX_SLOTS) bounds the ring with RingExhausted instead. ")
+    return ShmSpaceError(str(exc).replace(_REMEDIES, held_hint + _REMEDIES), needed_bytes=exc.needed_bytes,
+                         free_bytes=exc.free_bytes, directory=exc.directory)
 
 
 def _descriptors_error(exc: OSError, shm_dir: str) -> OSError:

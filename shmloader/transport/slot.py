@@ -34,6 +34,7 @@ class Slot:
     lease_serial: int = 0
     growing: Segment | None = None  # the larger segment being reserved for the owner (begin_resize)
     spent: bool = False
+    used_bytes: int = 0  # while filled or leased: the bytes its batch occupies from the start (Ring.fill)
 
     @property
     def size_bytes(self) -> int:

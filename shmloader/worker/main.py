@@ -289,7 +289,7 @@ class _Worker:
         except SlotFull:
             return self.too_small(task, data, batch, alloc.capacity, sized=batch is None and needed > 0)
         return Filled(task.epoch, task.task, task.slot.slot_id, payload, nbytes, fetch_s,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, alloc.pos)
 
     def too_small(self, task: Task, data: Any, batch: Any, capacity: int, sized: bool) -> TooSmall:
         """The batch did not fit: keep what was fetched and say how many bytes it needs.
