@@ -289,6 +289,8 @@ def _create_locked(shm_dir: str) -> tuple[str, str, int]:
         except FileExistsError:
             continue  # taken (by chance, or by someone who listed the directory): a fresh name
         except BaseException:
+            if fd < 0:  # a handler ran before the open's result was stored: find what it made
+                fd = _opened(path)
             if fd >= 0:
                 _discard(path, fd)
             raise
@@ -319,6 +321,23 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         mask(signal.SIG_SETMASK, previous)
+
+
+def _opened(path: str) -> int:
+    """This process's descriptor of the file ``path`` names (from /proc/self/fd), else -1. Held signals
+    cover this thread only: a Ctrl-C given to another (numpy's BLAS threads) runs its handler here
+    right after ``os.open`` returns, losing the descriptor (tests/test_leak_segment_create.py)."""
+    try:
+        st, names = os.stat(path), os.listdir("/proc/self/fd")
+    except OSError:
+        return -1
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            fd = int(name)
+            held = os.fstat(fd)
+            if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
+                return fd
+    return -1
 
 
 def _lock(shm_dir: str, fd: int) -> bool:
