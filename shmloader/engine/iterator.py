@@ -18,6 +18,7 @@ import random
 import sys
 import time
 import warnings
+from threading import get_ident
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
+from shmloader.engine.stepguard import reentry_error
 from shmloader.errors import LoaderClosed, PluginError
 from shmloader.kept import keep
 from shmloader.log import logger
@@ -208,7 +210,8 @@ def close_each(iterators: Iterable[BaseIter]) -> None:
 class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
     ``collate_threads`` of ``collate.threads``), into ordinary memory (large arrays into buffers of
-    the iterator's ``collate.heap_pool.HeapPool``, reused once no batch refers to them)."""
+    the iterator's ``collate.heap_pool.HeapPool``, reused once no batch refers to them). A ``next()``
+    inside its own ``next()`` (an observer's hook) is refused, as the multi-process one refuses it."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -218,6 +221,7 @@ class SingleProcessIter(BaseIter):
         self._stack = stack_for(plan.config.collate_threads)
         self._pool = HeapPool()  # large batch buffers, reused once nothing refers to them
         self._pending: _Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
+        self._stepping: int | None = None  # ident of the thread inside next(), if any
 
     def _take_task(self) -> _Pending:
         """The next task not delivered before a save, and its sampler item (StopIteration ends the epoch)."""
@@ -229,6 +233,10 @@ class SingleProcessIter(BaseIter):
         return _Pending(self._next_task - 1, index)
 
     def _next_data(self) -> Any:
+        # a next() inside this one (an observer's hook) would take the task in hand and hand its batch out twice
+        if self._stepping == get_ident():
+            raise reentry_error("next()")
+        self._stepping = get_ident()
         try:
             return self._fetch_next()
         except StopIteration:
@@ -237,6 +245,8 @@ class SingleProcessIter(BaseIter):
                 self._pool.clear()
                 self._plan.events.epoch_end()
             raise
+        finally:
+            self._stepping = None
 
     def close(self) -> None:
         super().close()
