@@ -112,15 +112,24 @@ class BaseIter:
 
     _observer_error: BaseException | None = None
 
-    def _report_batch(self, *event: Any) -> None:
-        """Tell the observers a batch is out. An observer's error is raised at the next ``next()``,
-        so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md).
+    def _report_batch(self, task: int, *event: Any) -> None:
+        """Count task ``task``'s batch handed out (delivered and yielded) and tell the observers. An
+        observer's error is raised at the next ``next()``, so the batch in hand still reaches the
+        caller: none is lost or skipped (docs/plugins.md). Counted first, so a state an observer
+        saves has it; an interrupt in an observer (it is not handed out then) takes the count back.
         ``_observe`` inlined: this runs once per batch."""
+        record = self._record
+        record.delivered.add(task)
+        record.yielded += 1
         try:
-            self._plan.events.batch_ready(*event)
+            self._plan.events.batch_ready(task, *event)
         except PluginError as exc:
             if self._observer_error is None:
                 self._observer_error = keep(exc)
+        except BaseException:
+            record.delivered.discard(task)
+            record.yielded -= 1
+            raise
 
     def _observe(self, event: Callable[..., None], *args: Any) -> None:
         """Tell the observers of an event (``Events`` method ``event``). An observer's error is kept
@@ -151,8 +160,7 @@ class BaseIter:
                 self._user_error = None  # kept, its traceback would hold this iterator in a cycle
                 self._record.yielded += 1
             raise
-        self._num_yielded += 1
-        self._record.yielded += 1
+        self._num_yielded += 1  # the record counted it as it was reported (_report_batch)
         if self._iterable and self._len_called is not None and self._num_yielded > self._len_called:
             msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                    f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. ")
@@ -165,15 +173,20 @@ class BaseIter:
 
     def _forward(self) -> None:
         """Resume of an iterable dataset: make again and drop what was handed out before the save,
-        a batch whose error was raised then included (its error is dropped with it)."""
-        while self._fast_forward:
-            try:
-                self._next_data()
-            except Exception as exc:
-                if exc is not self._user_error:
-                    raise
-                self._user_error = None
-            self._fast_forward -= 1
+        a batch whose error was raised then included (its error is dropped with it). The saved
+        ``yielded`` counted them already: their reports do not count them again."""
+        yielded = self._record.yielded
+        try:
+            while self._fast_forward:
+                try:
+                    self._next_data()
+                except Exception as exc:
+                    if exc is not self._user_error:
+                        raise
+                    self._user_error = None
+                self._fast_forward -= 1
+        finally:
+            self._record.yielded = yielded
 
     def _next_data(self) -> Any:
         raise NotImplementedError
@@ -243,6 +256,7 @@ class SingleProcessIter(BaseIter):
             if self._state is IterState.RUNNING:
                 self._state = IterState.EXHAUSTED
                 self._pool.clear()
+                self._record.finished = True  # before the observers: a state they save is the next epoch's start
                 self._plan.events.epoch_end()
             raise
         finally:
@@ -267,7 +281,6 @@ class SingleProcessIter(BaseIter):
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(pending.task, -1, 0, *pending.times)
         self._pending = None
-        self._record.delivered.add(pending.task)
         return pending.batch
 
     def _make(self, pending: _Pending) -> tuple[Any, tuple[float, float, float]]:
