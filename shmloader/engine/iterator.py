@@ -117,7 +117,10 @@ class BaseIter:
         observer's error is raised at the next ``next()``, so the batch in hand still reaches the
         caller: none is lost or skipped (docs/plugins.md). Counted first, so a state an observer
         saves has it; an interrupt in an observer (it is not handed out then) takes the count back.
-        ``_observe`` inlined: this runs once per batch."""
+        A resume's fast-forward is neither counted again nor reported: no caller gets those
+        batches. ``_observe`` inlined: this runs once per batch."""
+        if self._fast_forward:
+            return
         record = self._record
         record.delivered.add(task)
         record.yielded += 1
@@ -173,20 +176,16 @@ class BaseIter:
 
     def _forward(self) -> None:
         """Resume of an iterable dataset: make again and drop what was handed out before the save,
-        a batch whose error was raised then included (its error is dropped with it). The saved
-        ``yielded`` counted them already: their reports do not count them again."""
-        yielded = self._record.yielded
-        try:
-            while self._fast_forward:
-                try:
-                    self._next_data()
-                except Exception as exc:
-                    if exc is not self._user_error:
-                        raise
-                    self._user_error = None
-                self._fast_forward -= 1
-        finally:
-            self._record.yielded = yielded
+        a batch whose error was raised then included (its error is dropped with it). They are not
+        reported (``_report_batch``): the saved record counted them, and the caller gets none."""
+        while self._fast_forward:
+            try:
+                self._next_data()
+            except Exception as exc:
+                if exc is not self._user_error:
+                    raise
+                self._user_error = None
+            self._fast_forward -= 1
 
     def _next_data(self) -> Any:
         raise NotImplementedError
