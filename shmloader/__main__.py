@@ -8,8 +8,10 @@ one is a problem (see :mod:`shmloader.cli.doctor`); ``bench`` hands the rest of 
 ``SHMLOADER_*`` value exits 2 with the error's message. Ctrl-C (KeyboardInterrupt) during any
 command prints ``python -m shmloader: interrupted`` on stderr and exits 130, with no traceback; the
 commands close what they started on the way out (``bench``'s loaders and copy-limit processes), a
-second Ctrl-C being held back until that is done (:mod:`shmloader.cli.interrupt`). torch
-is imported only by ``doctor`` (to report it) and by whatever ``bench`` needs.
+second Ctrl-C being held back until that is done (:mod:`shmloader.cli.interrupt`). A reader of
+stdout that went away (``python -m shmloader config | head -1``) ends the command with status 141,
+as a shell reports a command that SIGPIPE ended, and no traceback. torch is imported only by
+``doctor`` (to report it) and by whatever ``bench`` needs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import gc
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +34,7 @@ __all__ = ["main"]
 
 _PROG = "python -m shmloader"
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+PIPE_CLOSED = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away (`| head`)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,10 +83,16 @@ def _bench(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (0 ok, 1 doctor found a problem, 2 usage or config
-    error, 130 interrupted: Ctrl-C is one line on stderr, not a traceback)."""
+    error, 130 interrupted: Ctrl-C is one line on stderr, not a traceback; 141 stdout's reader went
+    away)."""
     with ctrl_c_handled():
         try:
-            return _command(list(sys.argv[1:] if argv is None else argv))
+            code = _command(list(sys.argv[1:] if argv is None else argv))
+            sys.stdout.flush()  # now, where a reader that went away is caught, not at interpreter exit
+            return code
+        except BrokenPipeError:
+            _drop_stdout()
+            return PIPE_CLOSED
         except KeyboardInterrupt:
             pass
         except Exception as exc:
@@ -93,6 +103,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.collect()
     print(f"{_PROG}: interrupted", file=sys.stderr)
     return INTERRUPTED
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for the reader that went away is dropped,
+    so the interpreter's own flush at exit raises (and prints) nothing more."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (a caller's own stream): nothing is flushed at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _set_off_by_ctrl_c(exc: BaseException) -> bool:

@@ -78,7 +78,8 @@ def shmloader_pin_backend(device: str) -> PinBackend | None:  # type: ignore[emp
     Called in the main process once per loader, when ``pin_memory=True`` and the first
     multi-process iterator makes its ring. ``device`` is the accelerator asked for
     (``pin_memory_device``; ``""`` means the current accelerator). First result wins: the first
-    implementation that returns an object stops the call. The built-in backends are built-in
+    implementation that returns an object stops the call; an object that is not a backend
+    (below) raises PluginError naming the plugin. The built-in backends are built-in
     plugins (``shmloader.gpu.pinning.BuiltinPinPlugin``), registered first, so every other plugin is
     asked before them.
 

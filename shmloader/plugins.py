@@ -138,6 +138,25 @@ class Plugins:
                 merged.setdefault(key, rule)
         return merged
 
+    def first_result(self, hook: str, **kwargs: Any) -> tuple[str | None, Any]:
+        """A ``firstresult`` hook's answer and the name of the plugin that gave it, in pluggy's order
+        and argument selection (the name is None when none answered, or a wrapper made the call)."""
+        caller = getattr(self.hook, hook)
+        impls = caller.get_hookimpls()
+        if any(impl.hookwrapper or impl.wrapper for impl in impls):
+            try:
+                return None, caller(**kwargs)
+            except Exception as exc:
+                raise self.error(hook, exc) from exc
+        for impl in reversed(impls):  # pluggy's call order
+            try:
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
+            except Exception as exc:
+                raise self.error(hook, exc, plugin=impl.plugin_name) from exc
+            if result is not None:
+                return impl.plugin_name, result
+        return None, None
+
     def error(self, hook: str, exc: BaseException, plugin: str | None = None) -> PluginError:
         """The PluginError for ``exc`` raised by a ``hook`` call (its plugin found in the traceback)."""
         plugin = plugin or self._culprit(hook, exc.__traceback__) or "<unknown plugin>"

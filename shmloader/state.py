@@ -64,6 +64,14 @@ class TaskSet:
             self.above.remove(self.low)
             self.low += 1
 
+    def discard(self, task: int) -> None:
+        """Take ``task`` out (a batch counted as handed out that was not, after all)."""
+        if task < self.low:
+            self.above.update(range(task + 1, self.low))
+            self.low = task
+        else:
+            self.above.discard(task)
+
     def __contains__(self, task: object) -> bool:
         return isinstance(task, int) and (0 <= task < self.low or task in self.above)
 

@@ -18,6 +18,7 @@ import random
 import sys
 import time
 import warnings
+from threading import get_ident
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
+from shmloader.engine.stepguard import reentry_error
 from shmloader.errors import LoaderClosed, PluginError
 from shmloader.kept import keep
 from shmloader.log import logger
@@ -110,15 +112,27 @@ class BaseIter:
 
     _observer_error: BaseException | None = None
 
-    def _report_batch(self, *event: Any) -> None:
-        """Tell the observers a batch is out. An observer's error is raised at the next ``next()``,
-        so the batch in hand still reaches the caller: none is lost or skipped (docs/plugins.md).
-        ``_observe`` inlined: this runs once per batch."""
+    def _report_batch(self, task: int, *event: Any) -> None:
+        """Count task ``task``'s batch handed out (delivered and yielded) and tell the observers. An
+        observer's error is raised at the next ``next()``, so the batch in hand still reaches the
+        caller: none is lost or skipped (docs/plugins.md). Counted first, so a state an observer
+        saves has it; an interrupt in an observer (it is not handed out then) takes the count back.
+        A resume's fast-forward is neither counted again nor reported: no caller gets those
+        batches. ``_observe`` inlined: this runs once per batch."""
+        if self._fast_forward:
+            return
+        record = self._record
+        record.delivered.add(task)
+        record.yielded += 1
         try:
-            self._plan.events.batch_ready(*event)
+            self._plan.events.batch_ready(task, *event)
         except PluginError as exc:
             if self._observer_error is None:
                 self._observer_error = keep(exc)
+        except BaseException:
+            record.delivered.discard(task)
+            record.yielded -= 1
+            raise
 
     def _observe(self, event: Callable[..., None], *args: Any) -> None:
         """Tell the observers of an event (``Events`` method ``event``). An observer's error is kept
@@ -149,8 +163,7 @@ class BaseIter:
                 self._user_error = None  # kept, its traceback would hold this iterator in a cycle
                 self._record.yielded += 1
             raise
-        self._num_yielded += 1
-        self._record.yielded += 1
+        self._num_yielded += 1  # the record counted it as it was reported (_report_batch)
         if self._iterable and self._len_called is not None and self._num_yielded > self._len_called:
             msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                    f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. ")
@@ -163,7 +176,8 @@ class BaseIter:
 
     def _forward(self) -> None:
         """Resume of an iterable dataset: make again and drop what was handed out before the save,
-        a batch whose error was raised then included (its error is dropped with it)."""
+        a batch whose error was raised then included (its error is dropped with it). They are not
+        reported (``_report_batch``): the saved record counted them, and the caller gets none."""
         while self._fast_forward:
             try:
                 self._next_data()
@@ -208,7 +222,8 @@ def close_each(iterators: Iterable[BaseIter]) -> None:
 class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
     ``collate_threads`` of ``collate.threads``), into ordinary memory (large arrays into buffers of
-    the iterator's ``collate.heap_pool.HeapPool``, reused once no batch refers to them)."""
+    the iterator's ``collate.heap_pool.HeapPool``, reused once no batch refers to them). A ``next()``
+    inside its own ``next()`` (an observer's hook) is refused, as the multi-process one refuses it."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -218,6 +233,7 @@ class SingleProcessIter(BaseIter):
         self._stack = stack_for(plan.config.collate_threads)
         self._pool = HeapPool()  # large batch buffers, reused once nothing refers to them
         self._pending: _Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
+        self._stepping: int | None = None  # ident of the thread inside next(), if any
 
     def _take_task(self) -> _Pending:
         """The next task not delivered before a save, and its sampler item (StopIteration ends the epoch)."""
@@ -229,14 +245,21 @@ class SingleProcessIter(BaseIter):
         return _Pending(self._next_task - 1, index)
 
     def _next_data(self) -> Any:
+        # a next() inside this one (an observer's hook) would take the task in hand and hand its batch out twice
+        if self._stepping == get_ident():
+            raise reentry_error("next()")
+        self._stepping = get_ident()
         try:
             return self._fetch_next()
         except StopIteration:
             if self._state is IterState.RUNNING:
                 self._state = IterState.EXHAUSTED
                 self._pool.clear()
+                self._record.finished = True  # before the observers: a state they save is the next epoch's start
                 self._plan.events.epoch_end()
             raise
+        finally:
+            self._stepping = None
 
     def close(self) -> None:
         super().close()
@@ -257,7 +280,6 @@ class SingleProcessIter(BaseIter):
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(pending.task, -1, 0, *pending.times)
         self._pending = None
-        self._record.delivered.add(pending.task)
         return pending.batch
 
     def _make(self, pending: _Pending) -> tuple[Any, tuple[float, float, float]]:

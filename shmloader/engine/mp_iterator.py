@@ -260,12 +260,13 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
 
     def _end_epoch(self) -> None:
         self._state = IterState.EXHAUSTED
+        self._record.finished = True  # before the observers: a state they save is the next epoch's start
+        if self._plan.persistent:
+            self._plan.book.reused_seed = self._base_seed  # the next epoch reuses it, as torch's does
         try:
             self._plan.events.epoch_end()  # an observer's error is raised in place of StopIteration...
         finally:  # ...once the epoch's end is done
-            if self._plan.persistent:
-                self._plan.book.reused_seed = self._base_seed  # the next epoch reuses it, as torch's does
-            else:
+            if not self._plan.persistent:
                 self._shut(grace_s=None)
 
     # -- 2. deliver ----------------------------------------------------------------------------
@@ -299,7 +300,6 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 exc, worker_id=rec.worker_id, pid=self._worker_pid(rec.worker_id), task=rec.task,
                 indices=rec.indices)) from exc
         del buf  # the views alone keep the slot now; none at all frees it
-        self._record.delivered.add(rec.task)
         self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
                            time.monotonic() - self._started, len(self._reorder), len(self._ledger),
                            len(self._ring.slots))

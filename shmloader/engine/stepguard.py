@@ -49,6 +49,13 @@ T = TypeVar("T")
 CLOSE_WAIT_S = 10.0  # how long close() waits for a next() in another thread to notice and return
 
 
+def reentry_error(what: str) -> LoaderError:
+    """The error for ``what`` (``next()``, ``iter(loader)``) called inside the same thread's own ``next()``."""
+    return LoaderError(f"{what} was called from inside this iterator's own next() (a plugin hook, or "
+                       "a signal handler, on the thread running it): the iterator cannot step twice "
+                       "at once; do it after next() returns")
+
+
 class StepGuard:
     """One iterator's step lock, its holder's ident, the stop request and the wake-up pipe."""
 
@@ -97,9 +104,7 @@ class StepGuard:
     def _refuse_reentry(self, what: str) -> None:
         """Called by the thread that holds the step lock: it may not step again inside its own step."""
         if self._held_here():
-            raise LoaderError(f"{what} was called from inside this iterator's own next() (a plugin hook, or "
-                              "a signal handler, on the thread running it): the iterator cannot step twice "
-                              "at once; do it after next() returns")
+            raise reentry_error(what)
 
     def _held_here(self) -> bool:
         """Whether the calling thread holds the step lock. The lock itself says (as

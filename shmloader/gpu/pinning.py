@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 import warnings
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.config import register_variable
-from shmloader.errors import ConfigError
+from shmloader.errors import ConfigError, PluginError
 from shmloader.gpu.backends import PinBackend, TorchCudaBackend, Transfer
 from shmloader.gpu.batch_tree import iter_leaves, map_batch
 from shmloader.gpu.cupy_backend import CupyBackend
@@ -168,14 +169,19 @@ def select(pin_memory: bool, plugins: Any, *, device: str = "", name: str | None
     hook = getattr(getattr(plugins, "hook", None), "shmloader_pin_backend", None)
     if hook is None:
         return builtin_pin_backend(device)
-    try:
-        offered: PinBackend | None = hook(device=device)
-    except Exception as exc:  # a plugin's failure names the plugin (PluginError) where it can
-        error = getattr(plugins, "error", None)
-        if error is None:
-            raise
-        raise error("shmloader_pin_backend", exc) from exc
+    # a plugin's failure, or an answer that is not a backend, is a PluginError naming the plugin
+    first_result = getattr(plugins, "first_result", None)
+    plugin, offered = (None, hook(device=device)) if first_result is None else \
+        first_result("shmloader_pin_backend", device=device)  # fmt: skip
+    if offered is not None and (inspect.isclass(offered) or not all(hasattr(offered, a) for a in _BACKEND_API)):
+        name = plugin or "<unknown plugin>"
+        raise PluginError(f"plugin {name!r}: shmloader_pin_backend must return a pin backend (an object with "
+                          f"{', '.join(_BACKEND_API)}) or None, got {offered!r}", plugin=name,
+                          hook="shmloader_pin_backend")
     return offered
+
+
+_BACKEND_API = ("register_segment", "unregister_segment", "finish", "fence", "device_pinned")
 
 
 @dataclass
