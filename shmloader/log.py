@@ -26,7 +26,25 @@ __all__ = ["logger", "apply_log_level", "LOG_FORMAT", "WorkerLogSetup", "worker_
 
 LOG_FORMAT = "shmloader %(levelname)s [pid %(process)d] %(name)s: %(message)s"
 
+
+
+class _GuardedLogger(logging.Logger):
+    """The ``shmloader`` logger's class: a handler that raises (an application's own, which unlike
+    the standard ones does not catch its errors) is reported as logging reports its handlers'
+    errors, ``--- Logging error ---`` on stderr, and the loader's work goes on. Raised out of a
+    log call, it had stopped a worker's start and cut a shutdown short part-way
+    (tests/test_log_handler_raises.py)."""
+
+    def callHandlers(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        try:
+            super().callHandlers(record)
+        except Exception:
+            _REPORTER.handleError(record)
+
+
+_REPORTER = logging.Handler()  # only its handleError: prints the error as logging's handlers do
 logger = logging.getLogger("shmloader")
+logger.__class__ = _GuardedLogger  # the registered instance, made before or now: every log call of ours
 if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
     logger.addHandler(logging.NullHandler())
 
