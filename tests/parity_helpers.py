@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ListDataset", "assert_same_error", "assert_same_outcome", "assert_same_structure", "outcome",
-           "torch_raises"]
+           "stop_torch_workers", "torch_raises"]
 
 
 def assert_same_structure(ours: Any, theirs: Any, path: str = "batch") -> None:
@@ -125,15 +125,28 @@ class ListDataset:
 
 def outcome(loader_cls: type, dataset: Any, each: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
     """Every batch the loader yields (``each(batch)`` if given, taken while iterating), or the type
-    of the error it raises; the loader is then closed."""
+    of the error it raises; the loader is then closed (torch's, which has no ``close``, has its
+    iterator's workers stopped)."""
     loader = loader_cls(dataset, **kwargs)
+    it = None
     try:
-        return [batch if each is None else each(batch) for batch in loader]
+        it = iter(loader)
+        return [batch if each is None else each(batch) for batch in it]
     except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
         return type(error)
     finally:
         if hasattr(loader, "close"):
             loader.close()
+        else:
+            stop_torch_workers(it)
+
+
+def stop_torch_workers(it: Any) -> None:
+    """Stop the workers of torch's iterator ``it`` now. An iterator that raised sits in a reference
+    cycle with its traceback; collected later, it would find its queues' feeder threads already
+    finalized, so its ``None`` to each worker is never sent and each join waits out its 5 s."""
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
 
 
 def assert_same_outcome(dataset: Any, **kwargs: Any) -> Any:
@@ -162,5 +175,4 @@ def torch_raises(loader: Any, error: type[BaseException]) -> None:
             it = iter(loader)
             next(it)
     finally:
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
+        stop_torch_workers(it)

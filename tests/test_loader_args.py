@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 from engine_datasets import Range, Squares
+from parity_helpers import stop_torch_workers
 
 import shmloader
 import shmloader.torch
@@ -182,7 +183,11 @@ class StopsAt2:
 def test_stopiteration_from_a_map_dataset_ends_the_epoch_as_in_torch(num_workers):
     """torch re-raises it in the main process, where it ends the loop: no batch after it comes,
     and none is silently skipped (a worker used to take it for an iterable dataset's end)."""
-    want = [b.tolist() for b in TorchDataLoader(StopsAt2(), batch_size=1, num_workers=num_workers)]
+    theirs = iter(TorchDataLoader(StopsAt2(), batch_size=1, num_workers=num_workers))
+    try:
+        want = [b.tolist() for b in theirs]
+    finally:
+        stop_torch_workers(theirs)  # collected later, its workers would each wait out a 5 s join
     assert want == [[0], [1]]
     loader = shmloader.torch.DataLoader(StopsAt2(), batch_size=1, num_workers=num_workers)
     try:
