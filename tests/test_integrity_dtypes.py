@@ -72,3 +72,37 @@ def test_a_rules_tagged_arrays_through_workers_as_in_process(rule: None, num_wor
     for r, g in zip(ref, got):
         assert [a.dtype.metadata for a in g] == [a.dtype.metadata for a in r] == [{"unit": "m"}, None]
         assert [a.tolist() for a in g] == [a.tolist() for a in r]
+
+
+# ------------------------------------------------------------------ user-defined dtypes
+
+def _rational() -> Any:
+    """numpy's own test user-defined dtype (``dtype.isbuiltin == 2``, as ml_dtypes' bfloat16 is)."""
+    for name in ("numpy._core._rational_tests", "numpy.core._rational_tests"):
+        try:
+            return __import__(name, fromlist=["rational"]).rational
+        except ImportError:
+            continue
+    pytest.skip("this numpy has no _rational_tests module")
+
+
+class Fractions:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        rational = _rational()
+        return np.array([rational(i, i + 1), rational(1, 3)]), np.array([i])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_user_defined_dtypes_arrive_as_themselves(num_workers: int) -> None:
+    """A stack of a user-defined dtype (ml_dtypes' bfloat16, numpy's test rational) arrived as raw
+    void records (``|V8``): the flat descriptor sent ``dtype.str``, which names no such dtype."""
+    rational = np.dtype(_rational())
+    ref = list(shmloader.DataLoader(Fractions(), batch_size=2, num_workers=0))
+    got = list(shmloader.DataLoader(Fractions(), batch_size=2, num_workers=num_workers))
+    for r, g in zip(ref, got):
+        assert g[0].dtype == r[0].dtype == rational
+        assert g[0].tolist() == r[0].tolist() and g[1].tolist() == r[1].tolist()
