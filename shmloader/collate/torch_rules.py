@@ -10,7 +10,8 @@ Promises:
 
 - a result tensor's memory comes from the allocator: ``torch.from_numpy(alloc(shape, dtype))``,
   or for dtypes numpy lacks (bfloat16, float8, complex32, ...) ``alloc((nbytes,), uint8)`` viewed
-  as that dtype and shape;
+  as that dtype and shape; a zero-size one has no memory to take: a fresh tensor, with the
+  strides torch gives it;
 - values, dtypes and shapes equal torch's default_collate, in the same process: in a worker
   torch stacks tensors (and arrays) of mixed dtypes into the first sample's dtype, elsewhere it
   promotes (``_stacked_dtype``). The fast paths cover the common cases
@@ -121,9 +122,20 @@ def tensor_from_alloc(alloc: Alloc, shape: tuple[int, ...], dtype: Any) -> Any:
     torch = _torch()
     np_dtype = numpy_dtype_of(dtype)
     if np_dtype is not None:
-        return torch.from_numpy(alloc(shape, np_dtype))
+        return _from_numpy(alloc(shape, np_dtype), torch)
     nbytes = math.prod(shape) * dtype.itemsize
+    if not nbytes:
+        return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(alloc((nbytes,), _UINT8)).view(dtype).view(shape)
+
+
+def _from_numpy(arr: np.ndarray, torch: Any) -> Any:
+    """``torch.from_numpy(arr)``; for a zero-size ``arr`` (no bytes to share) a fresh tensor, whose
+    strides are those torch's stack gives: numpy 2's ``empty`` of a zero-size shape has all-zero
+    strides, which ``from_numpy`` kept ((0, 0, 0) where torch's batch has (3, 3, 1))."""
+    if arr.size:
+        return torch.from_numpy(arr)
+    return torch.empty(arr.shape, dtype=torch_dtype_of(arr.dtype))
 
 
 def copy_into_alloc(tensor: Any, ctx: CollateContext) -> Any:
@@ -292,7 +304,7 @@ def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
         # mixed dtypes follow torch's rule (collate_tensors); a refused dtype raises torch's own error
         return _as_tensors(batch, ctx)
     out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
-    return _torch().from_numpy(stack_checked(batch, out, ctx))
+    return _from_numpy(stack_checked(batch, out, ctx), _torch())
 
 
 def _as_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:

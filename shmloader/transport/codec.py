@@ -100,6 +100,9 @@ class _Encoder(pickle.Pickler):
         self.tensor_type = _torch_tensor_type()
         self.nbytes = 0
         self._records: dict[int, int] = {}  # id of an array or tensor described -> its record's number
+        # ... and the object itself, kept alive to the end of the dump: an array an object's
+        # __getstate__ made would otherwise die once pickled, and the next one could take its id
+        self._described: list[Any] = []
         self._copies = HeapCopies(alloc)
 
     def persistent_id(self, obj: Any) -> Any:
@@ -111,8 +114,9 @@ class _Encoder(pickle.Pickler):
             record = None if obj.dtype.hasobject else self._array(obj)
         elif self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
             record = self._tensor(obj)
-        if record is not None:  # the batch keeps obj alive through the dump: its id is not reused
-            self._records[id(obj)] = len(self._records)
+        if record is not None:
+            self._records[id(obj)] = len(self._described)
+            self._described.append(obj)
         return record
 
     def _array(self, arr: np.ndarray) -> tuple:
@@ -171,7 +175,8 @@ class _NamingEncoder(_Encoder):
         elif isinstance(obj, _NAMEABLE):
             return main_ref(obj)
         if record is not None:
-            self._records[id(obj)] = len(self._records)
+            self._records[id(obj)] = len(self._described)
+            self._described.append(obj)
         return record
 
 
@@ -225,16 +230,19 @@ class _Measurer(pickle.Pickler):
         self.tensor_type = _torch_tensor_type()
         self.total = 0
         self._seen: set[int] = set()  # an object the batch holds twice is copied once (``_Encoder``)
+        self._measured: list[Any] = []  # ... each kept alive, so that no other takes its id (``_Encoder``)
 
     def persistent_id(self, obj: Any) -> Any:
         if id(obj) in self._seen:
             return 0
         if type(obj) is np.ndarray and not obj.dtype.hasobject:
             self._seen.add(id(obj))
+            self._measured.append(obj)
             self.total = align_up(self.total) + obj.nbytes
             return 0
         if self.tensor_type is not None and _is_plain_cpu_tensor(obj, self.tensor_type):
             self._seen.add(id(obj))
+            self._measured.append(obj)
             self.total = align_up(self.total) + copy_bytes(obj)
             return 0
         return None

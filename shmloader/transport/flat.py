@@ -47,7 +47,11 @@ def describe_flat(batch: Any, alloc: SlotAllocator) -> tuple[Flat, int] | None:
             return None
         nbytes = arr.nbytes
         dt = arr.dtype
-        if not nbytes or dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+        # a built-in dtype is all its ``str`` says; any other may be user-defined (ml_dtypes'
+        # bfloat16: ``str`` says "<V2") or carry fields, a subarray shape or metadata, which ``str``
+        # drops (one test for the common dtypes, where there were two)
+        if not nbytes or dt.hasobject or dt.isbuiltin != 1 and (dt.isbuiltin == 2 or dt.fields is not None
+                                                              or dt.subdtype is not None or dt.metadata is not None):
             return None
         if arr.flags.c_contiguous:
             lo, hi = 0, nbytes

@@ -85,12 +85,13 @@ class HeapCopies:
         copied = self._storages.get(base)
         if copied is not None and copied[1] == size:
             return copied[0] + raw.data_ptr() - base
-        start, count = (base, size) if whole_storage(size, span) else (raw.data_ptr(), span)
+        whole = whole_storage(size, span)
+        start, count = (base, size) if whole else (raw.data_ptr(), span)
         u8 = self.alloc((count,), np.uint8)
         skip = start - base  # byte for byte, gaps included: no stale slot bytes, NaN payloads kept
         torch.from_numpy(u8).copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[skip:skip + count])
         offset = u8.__array_interface__["data"][0] - self.alloc.base_address
-        if start == base:
+        if whole:  # not ``start == base``: a span copy of the storage's first row starts there too
             self._storages[base] = (offset, size, storage)
         return offset + raw.data_ptr() - start
 
