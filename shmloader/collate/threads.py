@@ -22,7 +22,9 @@ Promises:
   ``stack_into`` (so the result is bit for bit the single-threaded one) by the calling thread or
   a helper, whichever claims it first; the call returns only when every chunk is done;
 - an exception of any chunk is raised unchanged (of several, the earliest chunk's), so
-  ``stack_checked`` reports unequal shapes as it does single-threaded;
+  ``stack_checked`` reports unequal shapes as it does single-threaded; a ``KeyboardInterrupt``
+  (or ``SystemExit``), of a chunk or landing while the caller waits, comes first, and is raised
+  only once no helper writes into ``out`` any more;
 - fork-safe: a forked child never uses the parent's pool (whose threads do not exist there:
   ``owner.ProcessOwner``); its first large stack makes a fresh one;
 - the helpers are daemon threads, idle on a queue between stacks: they never delay exit.
@@ -92,10 +94,20 @@ class ThreadedStack:
         for _ in range(chunks - 1):
             jobs.put(call)
         ran, errors = call.work()
-        for _ in range(chunks - ran):  # wait for every chunk a helper took: none may still write into out
-            k, error = call.done.get()
+        interrupt: BaseException | None = None
+        waiting = chunks - ran
+        while waiting:  # wait for every chunk a helper took: none may still write into out
+            try:
+                k, error = call.done.get()
+            except BaseException as exc:  # a Ctrl-C in the wait: raised once the helpers are done
+                interrupt = interrupt or exc
+                continue
+            waiting -= 1
             if error is not None:
                 errors[k] = error
+        for error in (interrupt, *errors.values()):
+            if error is not None and not isinstance(error, Exception):
+                raise error  # an interrupt (a chunk's too) before any chunk's own error
         if errors:
             raise errors[min(errors)]
         return out

@@ -286,6 +286,8 @@ class _Epoch:
         self.save = getattr(self.batches, "state_of", None)  # a loader's iterator: its state as of a record
         self.error: BaseException | None = None
         self.error_mark: _Mark | None = None  # where the epoch stands once ``error`` is raised
+        # (the mark after k) once k+1 is read but a Ctrl-C cut the wait for k short: not read again
+        self.ahead: tuple[_Mark | None] | None = None
         self.done = False
         self._drain = weakref.finalize(self, pre._drain, self.pending)
         self._drain.atexit = False  # no device work during interpreter teardown
@@ -318,19 +320,31 @@ class _Epoch:
             if not pending:
                 self._end()
                 raise StopIteration
-        current = pending[0]  # stays pending until k+1 is read: an interrupt there must not cost it
+        current = pending[0]  # stays pending until it is handed out: an interrupt must not cost it
         mark = pre._mark
-        pre._release_finished()  # before the read: the loader may need those slots for it
+        if self.ahead is None:
+            pre._release_finished()  # before the read: the loader may need those slots for it
+            try:
+                self._read()  # k+1 copies during k's work
+            except Exception as exc:  # the loader's error for batch k+1: batch k first
+                self.error, self.error_mark = keep(exc), pre.failed_mark
+            except BaseException:  # Ctrl-C, SystemExit: batch k is still the next one, its copy is
+                pre._mark = mark  # still covered (pending is drained), and the caller has k-1 batches
+                raise
+        else:  # k+1 was read before a Ctrl-C cut the wait for k short: the state stands after k again
+            (pre._mark,), self.ahead = self.ahead, None
+        moved = current.moved
         try:
-            self._read()  # k+1 copies during k's work
-        except Exception as exc:  # the loader's error for batch k+1: batch k first
-            self.error, self.error_mark = keep(exc), pre.failed_mark
-        except BaseException:  # Ctrl-C, SystemExit: batch k is still the next one, its copy is
-            pre._mark = mark  # still covered (pending is drained), and the caller has k-1 batches
+            self.transfer.wait(moved, current.event, pre.device)
+        except Exception:  # the wait's own error: k goes as it passes, its source kept until its copy is done
+            pending.popleft()
+            current.moved = None
+            pre.held.append(current)
+            raise
+        except BaseException:  # Ctrl-C, SystemExit: k stays the next batch, k+1 stays read ahead
+            self.ahead, pre._mark = (pre._mark,), mark
             raise
         pending.popleft()
-        moved = current.moved
-        self.transfer.wait(moved, current.event, pre.device)
         current.moved = None
         pre.held.append(current)
         del current
