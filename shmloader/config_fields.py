@@ -119,21 +119,24 @@ def _int_text(text: str) -> int:
         raise _Invalid("is not an integer") from None
 
 
-def _at_least(minimum: int | float) -> Callable[[Any], Any]:
+MAX_COLLATE_THREADS = 256  # helper threads live as long as the process: more than any machine's cores is a mistake
+
+
+def _at_least(minimum: int | float, maximum: int = sys.maxsize) -> Callable[[Any], Any]:
     def check_range(value: Any) -> Any:
-        if value < minimum or value > sys.maxsize:  # past sys.maxsize: no count of anything, and no index
+        if value < minimum or value > maximum:  # past sys.maxsize: no count of anything, and no index
             raise _Invalid("is out of range")
         return value
     return check_range
 
 
-def _parse_int(minimum: int) -> Parser:
-    in_range = _at_least(minimum)
+def _parse_int(minimum: int, maximum: int = sys.maxsize) -> Parser:
+    in_range = _at_least(minimum, maximum)
     return lambda text: in_range(_int_text(text))
 
 
-def _check_int(minimum: int) -> Checker:
-    in_range = _at_least(minimum)
+def _check_int(minimum: int, maximum: int = sys.maxsize) -> Checker:
+    in_range = _at_least(minimum, maximum)
 
     def check(value: Any) -> int:
         if isinstance(value, bool):
@@ -304,7 +307,8 @@ FIELDS: tuple[Field, ...] = (
            "a finite number >= 0 (seconds)", _parse_float, _check_seconds),
     _field("collate_threads", "int", 0,
            "threads that stack a large batch when num_workers=0; 0 means min(4, usable CPUs), 1 one thread",
-           "2", "an integer >= 0", _parse_int(0), _check_int(0)),
+           "2", f"an integer from 0 to {MAX_COLLATE_THREADS}", _parse_int(0, MAX_COLLATE_THREADS),
+           _check_int(0, MAX_COLLATE_THREADS)),
     _field("log_level", "str", "WARNING", "level of the 'shmloader' logger, set only when given", "DEBUG",
            "one of " + ", ".join(LOG_LEVELS) + " (any case)", _parse_log_level,
            _checked_str(_parse_log_level)),

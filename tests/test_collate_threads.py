@@ -264,14 +264,14 @@ def test_collate_threads_from_the_environment_and_as_an_argument() -> None:
 def test_a_bad_variable_names_the_variable(raw, what) -> None:
     with pytest.raises(ConfigError) as info:
         resolve_config({}, {"SHMLOADER_COLLATE_THREADS": raw})
-    assert str(info.value).startswith(f"SHMLOADER_COLLATE_THREADS={raw!r} {what} (expected an integer >= 0)")
+    assert str(info.value).startswith(f"SHMLOADER_COLLATE_THREADS={raw!r} {what} (expected an integer from 0 to 256)")
     assert info.value.name == "SHMLOADER_COLLATE_THREADS"
 
 
 @pytest.mark.parametrize("value, what", [(-1, "is out of range"), (1.5, "is not an integer"),
                                          ("2", "is not an integer"), (True, "is not an integer")])
 def test_a_bad_argument_names_the_argument(value, what) -> None:
-    message = f"collate_threads={value!r} {what} (expected an integer >= 0)"
+    message = f"collate_threads={value!r} {what} (expected an integer from 0 to 256)"
     for loader_class in (shmloader.DataLoader, pytest.importorskip("shmloader.torch").DataLoader):
         with pytest.raises(ConfigError) as info:
             loader_class(ArrayDataset(2), collate_threads=value)

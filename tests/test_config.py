@@ -196,8 +196,8 @@ BAD_VALUES = [
     # a positive value that rounds to 0.0 would silently mean "off" (timeout: wait forever)
     ("SHMLOADER_TIMEOUT", "1e-400", "is too small: it rounds to 0, which means no timeout (expected a finite"),
     ("SHMLOADER_TASK_TIMEOUT_S", "0.1e-330", "is too small: it rounds to 0, which means no timeout (expected a"),
-    ("SHMLOADER_COLLATE_THREADS", "-1", "is out of range (expected an integer >= 0)"),
-    ("SHMLOADER_COLLATE_THREADS", "auto", "is not an integer (expected an integer >= 0)"),
+    ("SHMLOADER_COLLATE_THREADS", "-1", "is out of range (expected an integer from 0 to 256)"),
+    ("SHMLOADER_COLLATE_THREADS", "auto", "is not an integer (expected an integer from 0 to 256)"),
     ("SHMLOADER_LOG_LEVEL", "LOUD", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
     ("SHMLOADER_LOG_LEVEL", "verbose", "is not a log level (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
 ]
@@ -265,8 +265,11 @@ BAD_ARGUMENTS = [
     ("task_timeout_s", -1, "task_timeout_s=-1 is out of range"),
     ("task_timeout_s", float("inf"), "task_timeout_s=inf is not finite"),
     ("task_timeout_s", "5", "task_timeout_s='5' is not a number"),
-    ("collate_threads", -1, "collate_threads=-1 is out of range (expected an integer >= 0)"),
+    ("collate_threads", -1, "collate_threads=-1 is out of range (expected an integer from 0 to 256)"),
     ("collate_threads", 2.0, "collate_threads=2.0 is not an integer"),
+    # one helper thread per chunk, kept for the process's life: 10**6 started one per sample
+    ("collate_threads", 10**6, "collate_threads=1000000 is out of range (expected an integer from 0 to 256)"),
+    ("collate_threads", 257, "collate_threads=257 is out of range"),
     ("log_level", "LOUD", "log_level='LOUD' is not a log level"),
 ]
 
