@@ -152,9 +152,10 @@ def test_first_batch_script_times_both_loaders_alternated() -> None:
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                           "first_batch.py")
-    out = subprocess.run([sys.executable, script, "--workload", "tiny", "--rounds", "2", "--batches", "3"],
-                         capture_output=True, text=True, timeout=110, check=True).stdout
-    lines = out.strip().splitlines()
-    assert [ln.split(":")[0] for ln in lines] == ["shmloader", "torch"]
-    for ln in lines:  # two rounds: two times, then their median
-        assert len(re.findall(r"\d+\.\d", ln.split("ms;")[0])) == 2 and "median" in ln
+    for workers in ("0", "2"):
+        out = subprocess.run([sys.executable, script, "--workload", "tiny", "--rounds", "2", "--batches", "3",
+                              "--workers", workers], capture_output=True, text=True, timeout=50, check=True).stdout
+        lines = out.strip().splitlines()
+        assert [ln.split(":")[0] for ln in lines] == ["shmloader", "torch"]
+        for ln in lines:  # two rounds: two times, then their median
+            assert len(re.findall(r"\d+\.\d", ln.split("ms;")[0])) == 2 and "median" in ln
