@@ -93,7 +93,7 @@ def _shared_seed(loader: Any) -> int:
     seed = draw_base_seed(loader._generator_source)
     if not (dist.is_available() and dist.is_initialized()):
         return seed
-    group = _groups.get(loader)
+    group: Any = _groups.get(loader)  # a ProcessGroup (newer torch types new_group as a union with -100)
     if group is None:
         group = _groups[loader] = dist.new_group(backend="gloo")
     shared = torch.tensor(seed, dtype=torch.int64)
