@@ -50,11 +50,12 @@ def _worker_count(num_workers: Any, at_iter: bool = False) -> int:
         num_workers = operator.index(num_workers)
     except TypeError:
         raise TypeError(f"num_workers should be a non-negative integer, but got num_workers={num_workers!r}") from None
-    if num_workers < 0 and at_iter:  # set since construction: torch's iterator asserts it
-        raise NumWorkersError(f"num_workers={num_workers} reached iter(loader): num_workers option should be "
-                              "non-negative; use num_workers=0 to disable multiprocessing.",
-                              name="num_workers", value=num_workers)
-    if num_workers < 0:  # torch's type and message, to the letter
+    if num_workers < 0:
+        if at_iter:  # set since construction: torch's iterator asserts it
+            raise NumWorkersError(f"num_workers={num_workers} reached iter(loader): num_workers option should be "
+                                  "non-negative; use num_workers=0 to disable multiprocessing.",
+                                  name="num_workers", value=num_workers)
+        # torch's type and message, to the letter
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
     if num_workers > sys.maxsize:  # else a bare OverflowError from inside iter(), or a fork bomb
         raise OverflowError(f"num_workers={num_workers} is more worker processes than any system can start "

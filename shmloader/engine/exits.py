@@ -52,29 +52,31 @@ def join(process: Any, pidfd: int, timeout_s: float | None) -> None:
     where multiprocessing's own join waits for its sentinel, which the worker's children may hold."""
     if pidfd >= 0 and process.exitcode is None:
         ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        exited = bool(poller.poll(ms))
-        timeout_s = None if exited else 0.0  # exited: the join reaps it at once; else it stays running
+        # exited: the join reaps it at once; else it stays running
+        timeout_s = None if _readable(pidfd, ms) else 0.0
     process.join(timeout_s)
 
 
 def exited(pidfd: int) -> bool:
     """Whether the process of ``pidfd`` has exited (False without a pidfd: ask multiprocessing)."""
-    if pidfd < 0:
-        return False
+    return pidfd >= 0 and _readable(pidfd, 0)
+
+
+def _readable(pidfd: int, ms: int | None) -> bool:
+    """Whether the pidfd says its process exited, waiting up to ``ms`` (None: as long as it takes)."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(poller.poll(ms))
 
 
 def send_signal(process: Any, pidfd: int, sig: int) -> None:
     """Send ``sig`` to the worker, never to a process that took its pid after it was reaped: through
-    its pidfd where it has one. Nothing happens once it has exited."""
+    its pidfd where it has one, else by pid only while multiprocessing has no exit code for it (as
+    its own ``terminate`` and ``kill`` do). Nothing happens once it has exited."""
     try:
         if pidfd >= 0:
             signal.pidfd_send_signal(pidfd, sig)
-        elif process.pid:
+        elif process.pid and process.exitcode is None:
             os.kill(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass

@@ -126,7 +126,6 @@ class SendTasks:
             self._pool.broadcast(Detach(tuple(self._ring.retired_names)))
             self._ring.retired_names.clear()
 
-
     _refill_error: Exception | None = None
 
     def _refill(self) -> None:

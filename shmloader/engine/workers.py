@@ -146,10 +146,7 @@ class WorkerHandle:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to this worker and to no other process (``exits.send_signal``)."""
-        if sig in (signal.SIGTERM, signal.SIGKILL) and self.pidfd < 0:
-            (self.process.terminate if sig == signal.SIGTERM else self.process.kill)()  # multiprocessing's own
-        else:
-            exits.send_signal(self.process, self.pidfd, sig)
+        exits.send_signal(self.process, self.pidfd, sig)
 
     def send(self, msg: Any) -> None:
         """Send any picklable message (stop, ``Detach``, ``Reset``), behind every task already sent."""
