@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
+import signal
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from shmloader.cli.records import CopyLimitRun, Measurement, summarize_loaders
 from shmloader.cli.report import format_copy_limits, format_results, to_json_document
 from shmloader.cli.workloads import WORKLOADS
 from shmloader.transport import preflight
+from shmloader.transport.segment import Segment
 
 
 @pytest.mark.timeout(120)
@@ -209,3 +212,20 @@ def test_each_round_measures_both_limits_unless_no_copy_limit(
     assert [r["buffers_per_process"] for r in doc["ring_copy_limit"]["runs"]] == [b for b, _ in buffers[1::2]]
     assert len(doc["copy_limit"]["runs"]) == len(buffers) // 2
     assert ("of ring limit" in err) == bool(buffers)
+
+
+def _killed_before_unlink(self: Any) -> None:
+    """A copy-limit process killed between a segment's creation and its unlink (a Ctrl-C's SIGKILL
+    from the main process, or the OOM killer): the segment's name stays in the directory."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+def test_a_process_killed_before_it_unlinks_its_segment_leaves_no_segment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setattr(Segment, "unlink", _killed_before_unlink)  # inherited by the forked process
+    run = measure_copy_limit(WORKLOADS["tiny"], processes=1, batches=5, start_method="fork", buffers=2,
+                             shared=True, shm_dir=str(tmp_path))  # fmt: skip
+    assert run.error is not None and "exited with code -9" in run.error
+    assert list(tmp_path.iterdir()) == [] and count_children() == 0

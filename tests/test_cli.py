@@ -18,6 +18,7 @@ from shmloader import __main__ as cli
 from shmloader.cli import doctor
 from shmloader.config_fields import FIELDS
 from shmloader.transport import segment, sweep
+from shmloader.transport.segment import Segment
 
 REPO = Path(__file__).resolve().parents[1]
 DEAD_PID = 4_194_304 + 7  # above the largest pid_max Linux allows, so never a live process
@@ -327,6 +328,18 @@ def test_sweep_removes_dead_owners_segments_only(tmp_path) -> None:
     assert sweep.sweep_dead_segments(str(tmp_path)) == sorted(p.name for p in dead)
     assert not any(p.exists() for p in dead) and all(p.exists() for p in keep)
     assert sweep.sweep_dead_segments(str(tmp_path)) == []
+
+
+def test_sweep_of_given_pids_removes_only_their_unlocked_segments(tmp_path) -> None:
+    listed = make_segment(tmp_path, DEAD_PID, "a")
+    other = make_segment(tmp_path, DEAD_PID + 1, "b")
+    live = Segment.create(str(tmp_path), 4096)  # this process's, its lock held
+    try:
+        assert sweep.sweep_segments_of(str(tmp_path), {DEAD_PID, os.getpid()}) == [listed.name]
+        assert not listed.exists() and other.exists() and (tmp_path / live.name).exists()
+    finally:
+        live.unlink()
+        live.close()
 
 
 def test_sweep_tolerates_a_segment_vanishing_meanwhile(tmp_path, monkeypatch) -> None:

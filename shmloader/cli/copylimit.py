@@ -20,7 +20,8 @@ parametrised by ``buffers`` and ``shared``.
 Runs in the benchmark's main process, which starts the processes with the benchmark's start
 method, and in those processes (:func:`_stack_process`, module level so that spawn can import it).
 Promises: every buffer is allocated and written once before the barrier (a shared one is unlinked
-as soon as it is mapped, so none outlives its process); all processes start their
+as soon as it is mapped, and the main process removes, once the processes are reaped, any segment
+that a process killed in between left behind: none outlives the run); all processes start their
 clocks after one barrier, and the run is timed from the earliest start to the latest end
 (``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process);
 :func:`measure_copy_limit` raises no Exception and leaves no process behind (each is joined, or
@@ -47,6 +48,7 @@ from shmloader.config import resolve_config
 from shmloader.transport.alloc import align_up
 from shmloader.transport.preflight import ring_slots
 from shmloader.transport.segment import Segment
+from shmloader.transport.sweep import sweep_segments_of
 
 __all__ = ["RING_PREFETCH_FACTOR", "measure_copy_limit", "ring_buffers_per_process"]
 
@@ -111,6 +113,8 @@ def _run_processes(workload: Workload, processes: int, per_process: int, start_m
             _reap(procs)
             for recv, _ in pipes:
                 recv.close()
+            if shm_dir is not None:  # a process killed between a segment's creation and its unlink
+                sweep_segments_of(shm_dir, {proc.pid for proc in procs if proc.pid is not None})
 
 
 def _receive(recv: Connection, proc: Any) -> tuple[float, float]:

@@ -39,7 +39,7 @@ import psutil
 
 from shmloader.transport.segment import DEFAULT_SHM_DIR, PREFIX, owner_pid, same_file
 
-__all__ = ["PREFIX", "Leftover", "dead_segments", "sweep_dead_segments", "leftovers"]
+__all__ = ["PREFIX", "Leftover", "dead_segments", "leftovers", "sweep_dead_segments", "sweep_segments_of"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,13 @@ def sweep_dead_segments(shm_dir: str = DEFAULT_SHM_DIR) -> list[str]:
     The lock is taken again at removal: an owner that appeared since the listing keeps its file.
     """
     return [name for name in dead_segments(shm_dir) if _remove_if_unowned(os.path.join(shm_dir, name))]
+
+
+def sweep_segments_of(shm_dir: str, pids: set[int]) -> list[str]:
+    """Remove the segments named for ``pids``, processes this one started and has reaped (one killed
+    between a segment's creation and its unlink leaves the name); returns the names removed.
+
+    The same proof as :func:`sweep_dead_segments`: a file is removed only if its lock can be taken.
+    """
+    return [item.name for item in leftovers(shm_dir)
+            if item.owner_pid in pids and _remove_if_unowned(os.path.join(shm_dir, item.name))]  # fmt: skip
