@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from accelerate.state import AcceleratorState  # noqa: E402
 from accelerate.utils import set_seed  # noqa: E402
 from framework_helpers import Indexed, batch_record  # noqa: E402
 from torch.utils import data as tdata  # noqa: E402
+from tree_run import run_tree  # noqa: E402
 
 import shmloader  # noqa: E402
 import shmloader.torch as st  # noqa: E402
@@ -122,8 +122,8 @@ def test_two_cpu_processes_get_torchs_shards_from_shmloader_workers(tmp_path: Pa
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, str(HERE / "accelerate_app.py"), str(tmp_path)], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=220)
+    run = run_tree([sys.executable, str(HERE / "accelerate_app.py"), str(tmp_path)], timeout=220, env=env,
+                   cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
 
     shards = []

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tree_run import run_tree
 
 import shmloader
 
@@ -45,7 +45,7 @@ def test_torchrun_two_ranks_get_disjoint_covering_shards(tmp_path: Path) -> None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={WORLD}",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(SCRIPT), str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env)
+    proc = run_tree(cmd, timeout=170, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert [(r["rank"], r["sampler_rank"], r["sampler_replicas"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]

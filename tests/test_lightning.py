@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ except RuntimeError as exc:  # e.g. a CUDA torchvision wheel beside CPU torch br
     pytest.skip(f"lightning is installed but fails to import: {exc} (a torchvision build that does not match "
                 "torch, imported through torchmetrics, raises this)", allow_module_level=True)
 
+from tree_run import run_tree  # noqa: E402
 from lightning_app import (  # noqa: E402
     PREDICT_SAMPLES,
     SEED,
@@ -108,8 +108,8 @@ def test_ddp_on_two_cpu_processes_gives_each_rank_its_own_shard(tmp_path: Path) 
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
     env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's hostname-based interface choice is flaky on CI runners
-    run = subprocess.run([sys.executable, str(HERE / "lightning_app.py"), str(tmp_path)], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=280)
+    run = run_tree([sys.executable, str(HERE / "lightning_app.py"), str(tmp_path)], timeout=280, env=env,
+                   cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
 
     shards = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch.utils import data as tud  # noqa: E402
+from tree_run import run_tree  # noqa: E402
 
 from shmloader import _generators as gen  # noqa: E402
 from shmloader import datasets as ours_ds  # noqa: E402
@@ -273,7 +273,7 @@ def test_torchrun_gloo_ranks_get_torchs_disjoint_shards(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(script), str(tmp_path)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=50)
+    result = run_tree(command, env=env, timeout=50)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for epoch in ("0", "1"):
