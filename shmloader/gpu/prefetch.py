@@ -249,16 +249,26 @@ class DevicePrefetcher(Owned):
         while held and held[0].event.query():
             held.popleft()
         while len(held) > self.max_held:
-            held.popleft().event.synchronize()
+            held[0].event.synchronize()  # then let go: a wait that raises keeps the source
+            held.popleft()
 
     @owner_only()
     def _drain(self, pending: deque[_Copy]) -> None:
         """End of the epoch or an early stop: every copy finishes before its slot is let go.
         Inert in a process that inherited this prefetcher (its copies are not this process's)."""
+        error: BaseException | None = None
         for copy in (*self.held, *pending):
-            copy.event.synchronize()  # _UNCOPIED (a Ctrl-C cut the copy short): nothing to wait for
+            try:
+                copy.event.synchronize()  # _UNCOPIED (a Ctrl-C cut the copy short): nothing to wait for
+            except BaseException as exc:  # a Ctrl-C as a wait returns, a device error: wait for the rest
+                error = error or exc
         self.held.clear()
         pending.clear()
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
 
 
 class _Epoch:
@@ -271,7 +281,8 @@ class _Epoch:
     stays pending: it is the next batch handed out, its source is let go only once its copy is done,
     and ``state_dict()`` stands before it. So does batch k+1 when such an exception lands inside
     its copy, after the loader handed it over: it stays pending, uncopied, and is copied again at
-    the next ``next()`` (``_read``), which hands out k, then k+1 in its place.
+    the next ``next()`` (``_read``), which hands out k, then k+1 in its place. One in the host wait
+    past ``max_held`` right after k was made ready keeps k (``ready``): the next ``next()`` hands it out.
     When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
     let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
     """
@@ -289,6 +300,8 @@ class _Epoch:
         # (the mark after k) once k+1 is read but a Ctrl-C cut the wait for k short: not read again
         self.ahead: tuple[_Mark | None] | None = None
         self.done = False
+        # batch k, moved, with the mark after it, when the wait after its hand-out raised: the next one out
+        self.ready: tuple[Any, _Mark | None] | None = None
         self._drain = weakref.finalize(self, pre._drain, self.pending)
         self._drain.atexit = False  # no device work during interpreter teardown
 
@@ -299,11 +312,14 @@ class _Epoch:
         """Stop early (as a generator's ``close``): every copy finishes, then the slots are let go.
         Inert in a process that inherited this iterator."""
         self.done = True
-        self.error = None
+        self.error = self.ready = None
         self._drain()
 
     def __next__(self) -> Any:
         pre, pending = self.pre, self.pending
+        if self.ready is not None:  # made ready, but the wait after it raised before the caller got it
+            (moved, pre._mark), self.ready = self.ready, None
+            return moved
         if not pending or pending[0].event is _UNCOPIED:  # nothing read ahead, or its copy was cut short
             if self.error is not None:  # read ahead while the batch before it was in the caller's hands
                 exc, self.error = self.error, None
@@ -348,7 +364,11 @@ class _Epoch:
         current.moved = None
         pre.held.append(current)
         del current
-        pre._release_finished()
+        try:
+            pre._release_finished()
+        except BaseException:  # a Ctrl-C in the wait past max_held: k is still the caller's next batch
+            self.ready, pre._mark = (moved, pre._mark), mark
+            raise
         return moved
 
     def _read(self) -> None:
