@@ -41,7 +41,7 @@ from shmloader import state as _state
 from shmloader.gpu.backends import Event, Transfer, as_tensor
 from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
-from shmloader.kept import keep
+from shmloader.kept import call_each, keep
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -256,19 +256,15 @@ class DevicePrefetcher(Owned):
     def _drain(self, pending: deque[_Copy]) -> None:
         """End of the epoch or an early stop: every copy finishes before its slot is let go.
         Inert in a process that inherited this prefetcher (its copies are not this process's)."""
-        error: BaseException | None = None
-        for copy in (*self.held, *pending):
-            try:
-                copy.event.synchronize()  # _UNCOPIED (a Ctrl-C cut the copy short): nothing to wait for
-            except BaseException as exc:  # a Ctrl-C as a wait returns, a device error: wait for the rest
-                error = error or exc
-        self.held.clear()
-        pending.clear()
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
+        try:  # every copy, even after a wait raised (_UNCOPIED, a copy a Ctrl-C cut short: no wait)
+            call_each((*self.held, *pending), _synchronize)
+        finally:
+            self.held.clear()
+            pending.clear()
+
+
+def _synchronize(copy: _Copy) -> None:
+    copy.event.synchronize()
 
 
 class _Epoch:
