@@ -30,6 +30,7 @@ copied just before each look-ahead read); save that one (docs/resume.md).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 import weakref
 from collections import deque
@@ -132,9 +133,18 @@ _UNCOPIED = _Done()  # the event of a batch read whose copy is not enqueued: the
 
 def device_name(device: Any) -> str:
     """``device`` as a string; an int read as torch reads it, as an index of the current
-    accelerator (``x.to(rank)``), which without one is torch's error."""
+    accelerator (``x.to(rank)``), which without one is torch's error. A string torch cannot read
+    as a device raises here, naming the argument, before the loader starts anything."""
     if not isinstance(device, int) or isinstance(device, bool):
-        return str(device)
+        name = str(device)
+        if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:  # else nothing reads it
+            import torch
+
+            try:
+                torch.device(name)
+            except RuntimeError as exc:
+                raise RuntimeError(f"to_device: device={device!r} is not a device: {exc}") from None
+        return name
     import torch
 
     current = getattr(torch, "accelerator", None)
@@ -263,6 +273,14 @@ class DevicePrefetcher(Owned):
             pending.clear()
 
 
+def _abandon(batches: Iterator[Any], source: Any) -> None:
+    """Close the iterator an epoch made on ``source`` and cannot use: not ``source`` itself (a
+    generator the caller passed) nor a loader's persistent iterator, whose workers are the loader's."""
+    close = getattr(batches, "close", None)
+    if callable(close) and batches is not source and batches is not getattr(source, "_iterator", None):
+        close()
+
+
 def _synchronize(copy: _Copy) -> None:
     copy.event.synchronize()
 
@@ -287,8 +305,12 @@ class _Epoch:
         pre._mark = None
         self.pre = pre
         self.batches = iter(pre.source)  # first: a loader picks its pin backend when it starts
-        self.transfer = pre._transfer or transfer_for(pre.source, pre.device)
-        self.stream = self.transfer.new_stream(pre.device)
+        try:
+            self.transfer = pre._transfer or transfer_for(pre.source, pre.device)
+            self.stream = self.transfer.new_stream(pre.device)
+        except BaseException:  # e.g. "cuda:1" with one device: stop what the epoch started
+            _abandon(self.batches, pre.source)
+            raise
         self.pending: deque[_Copy] = deque()
         self.save = getattr(self.batches, "state_of", None)  # a loader's iterator: its state as of a record
         self.error: BaseException | None = None
