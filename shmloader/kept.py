@@ -8,14 +8,19 @@ their locals, the keeper among them. Kept as it is, the error makes a cycle (kee
 traceback -> frames -> keeper) that only the cyclic collector frees, so a keeper dropped before the
 error is raised kept its workers, pipes and segments until a collection (``frame.clear()`` does not
 help: a cleared frame still holds its caller).
+
+Also here: :func:`call_each`, which keeps the first error of a series of calls (every iterator
+to close, every device copy to wait for) and raises it once all were made.
 """
 
 from __future__ import annotations
 
 import traceback
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 E = TypeVar("E", bound=BaseException)
+T = TypeVar("T")
 
 NOTE = "Traceback when this error was met (it was kept, and raised after the batches before it):"
 
@@ -55,3 +60,17 @@ def _note(error: BaseException, text: str) -> None:
         except AttributeError:  # an error type that refuses new attributes: no note
             return
     notes.append(text)
+
+
+def call_each(items: Iterable[T], call: Callable[[T], Any]) -> None:
+    """``call`` on every one of ``items`` whatever one of them raises (a Ctrl-C, raised as a wait
+    returns; a device error; a ``close()`` that gave up), then raise the first error."""
+    first: list[BaseException] = []
+    for item in items:
+        try:
+            call(item)
+        except BaseException as exc:
+            if not first:
+                first.append(exc)
+    if first:  # popped as raised: no local here holds the error whose traceback holds this frame
+        raise first.pop()

@@ -29,7 +29,7 @@ from shmloader.collate.threads import stack_for
 from shmloader.engine.plan import Plan
 from shmloader.engine.stepguard import reentry_error
 from shmloader.errors import LoaderClosed, PluginError
-from shmloader.kept import keep
+from shmloader.kept import call_each, keep
 from shmloader.log import logger
 from shmloader.worker.main import make_fetcher, run_collate
 from shmloader.worker_info import generate_state, seed_rngs, task_seed
@@ -206,17 +206,11 @@ def close_each(iterators: Iterable[BaseIter]) -> None:
     """Close every one of ``iterators`` whatever one of them raises (a ``next()`` in another thread
     that does not return in time, a pin backend's error, a Ctrl-C), then raise the first error:
     a close that gave up at the first left the others, and their workers, running."""
-    error: BaseException | None = None
-    for it in list(iterators):
-        try:
-            it.close()
-        except BaseException as exc:
-            error = error or exc
-    if error is not None:
-        try:
-            raise error
-        finally:
-            del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
+    call_each(list(iterators), _close)
+
+
+def _close(it: BaseIter) -> None:
+    it.close()
 
 
 class SingleProcessIter(BaseIter):

@@ -43,6 +43,7 @@ import numpy as np
 from shmloader.gpu.batch_tree import iter_leaves, map_batch  # noqa: F401  (iter_leaves: importable here, as before)
 from shmloader.gpu.cudart import clear_last_error
 from shmloader.gpu.owned import Owned, owner_only
+from shmloader.kept import call_each
 from shmloader.log import logger
 from shmloader.owner import ProcessOwner
 from shmloader.transport.segment import Segment
@@ -137,6 +138,9 @@ class RegisteringBackend(Owned):
             problem = self._pin(address, segment.size_bytes)
         except Exception as exc:  # e.g. CUDA cannot initialise in this process
             problem = f"{type(exc).__name__}: {exc}"
+        except BaseException:  # a Ctrl-C in the pin call is raised as it returns: the pages may be pinned
+            self._unpin_quietly(address, segment.size_bytes)
+            raise
         if problem:
             if not self.warned:
                 self.warned = True
@@ -167,6 +171,13 @@ class RegisteringBackend(Owned):
     def fence(self) -> Event | None:
         """No device reads the slot asynchronously: it is reusable at once."""
         return None
+
+    def _unpin_quietly(self, address: int, nbytes: int) -> None:
+        """Undo a pin that may or may not have happened (its segment is about to go)."""
+        try:
+            self._unpin(address, nbytes)
+        except Exception as exc:
+            logger.debug("%s backend: undoing an interrupted pin failed: %s", self.name, exc)
 
     def _pin(self, address: int, nbytes: int) -> str | None:
         raise NotImplementedError
@@ -238,10 +249,12 @@ class TorchCudaBackend(RegisteringBackend):
         return None if int(status) == 0 else self._failed("cudaHostRegister", status)
 
     def _unpin(self, address: int, nbytes: int) -> str | None:
-        # A copy the caller enqueued may still read these pages: let every device finish first.
-        for device in self._devices_in_use():
-            self._torch.cuda.synchronize(device)
-        status = self._torch.cuda.cudart().cudaHostUnregister(address)
+        # A copy the caller enqueued may still read these pages: let every device finish first. Each
+        # is waited for even if a wait raises, and the pages are unpinned before the segment is unmapped.
+        try:
+            call_each(self._devices_in_use(), self._torch.cuda.synchronize)
+        finally:
+            status = self._torch.cuda.cudart().cudaHostUnregister(address)
         return None if int(status) == 0 else self._failed("cudaHostUnregister", status)
 
     def _failed(self, call: str, status: Any) -> str:

@@ -56,8 +56,10 @@ class CupyBackend(RegisteringBackend):
         return None
 
     def _unpin(self, address: int, nbytes: int) -> str | None:
-        self._cupy.cuda.Device().synchronize()
-        self._cupy.cuda.runtime.hostUnregister(address)
+        try:
+            self._cupy.cuda.Device().synchronize()
+        finally:  # a Ctrl-C lands as the wait returns: the pages are still unpinned before the unmap
+            self._cupy.cuda.runtime.hostUnregister(address)
         return None
 
     @owner_only()

@@ -30,6 +30,7 @@ copied just before each look-ahead read); save that one (docs/resume.md).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 import weakref
 from collections import deque
@@ -41,7 +42,7 @@ from shmloader import state as _state
 from shmloader.gpu.backends import Event, Transfer, as_tensor
 from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
-from shmloader.kept import keep
+from shmloader.kept import call_each, keep
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -132,9 +133,18 @@ _UNCOPIED = _Done()  # the event of a batch read whose copy is not enqueued: the
 
 def device_name(device: Any) -> str:
     """``device`` as a string; an int read as torch reads it, as an index of the current
-    accelerator (``x.to(rank)``), which without one is torch's error."""
+    accelerator (``x.to(rank)``), which without one is torch's error. A string torch cannot read
+    as a device raises here, naming the argument, before the loader starts anything."""
     if not isinstance(device, int) or isinstance(device, bool):
-        return str(device)
+        name = str(device)
+        if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:  # else nothing reads it
+            import torch
+
+            try:
+                torch.device(name)
+            except RuntimeError as exc:
+                raise RuntimeError(f"to_device: device={device!r} is not a device: {exc}") from None
+        return name
     import torch
 
     current = getattr(torch, "accelerator", None)
@@ -249,16 +259,30 @@ class DevicePrefetcher(Owned):
         while held and held[0].event.query():
             held.popleft()
         while len(held) > self.max_held:
-            held.popleft().event.synchronize()
+            held[0].event.synchronize()  # then let go: a wait that raises keeps the source
+            held.popleft()
 
     @owner_only()
     def _drain(self, pending: deque[_Copy]) -> None:
         """End of the epoch or an early stop: every copy finishes before its slot is let go.
         Inert in a process that inherited this prefetcher (its copies are not this process's)."""
-        for copy in (*self.held, *pending):
-            copy.event.synchronize()  # _UNCOPIED (a Ctrl-C cut the copy short): nothing to wait for
-        self.held.clear()
-        pending.clear()
+        try:  # every copy, even after a wait raised (_UNCOPIED, a copy a Ctrl-C cut short: no wait)
+            call_each((*self.held, *pending), _synchronize)
+        finally:
+            self.held.clear()
+            pending.clear()
+
+
+def _abandon(batches: Iterator[Any], source: Any) -> None:
+    """Close the iterator an epoch made on ``source`` and cannot use: not ``source`` itself (a
+    generator the caller passed) nor a loader's persistent iterator, whose workers are the loader's."""
+    close = getattr(batches, "close", None)
+    if callable(close) and batches is not source and batches is not getattr(source, "_iterator", None):
+        close()
+
+
+def _synchronize(copy: _Copy) -> None:
+    copy.event.synchronize()
 
 
 class _Epoch:
@@ -271,7 +295,8 @@ class _Epoch:
     stays pending: it is the next batch handed out, its source is let go only once its copy is done,
     and ``state_dict()`` stands before it. So does batch k+1 when such an exception lands inside
     its copy, after the loader handed it over: it stays pending, uncopied, and is copied again at
-    the next ``next()`` (``_read``), which hands out k, then k+1 in its place.
+    the next ``next()`` (``_read``), which hands out k, then k+1 in its place. One in the host wait
+    past ``max_held`` right after k was made ready keeps k (``ready``): the next ``next()`` hands it out.
     When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
     let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
     """
@@ -280,8 +305,12 @@ class _Epoch:
         pre._mark = None
         self.pre = pre
         self.batches = iter(pre.source)  # first: a loader picks its pin backend when it starts
-        self.transfer = pre._transfer or transfer_for(pre.source, pre.device)
-        self.stream = self.transfer.new_stream(pre.device)
+        try:
+            self.transfer = pre._transfer or transfer_for(pre.source, pre.device)
+            self.stream = self.transfer.new_stream(pre.device)
+        except BaseException:  # e.g. "cuda:1" with one device: stop what the epoch started
+            _abandon(self.batches, pre.source)
+            raise
         self.pending: deque[_Copy] = deque()
         self.save = getattr(self.batches, "state_of", None)  # a loader's iterator: its state as of a record
         self.error: BaseException | None = None
@@ -289,6 +318,8 @@ class _Epoch:
         # (the mark after k) once k+1 is read but a Ctrl-C cut the wait for k short: not read again
         self.ahead: tuple[_Mark | None] | None = None
         self.done = False
+        # batch k, moved, with the mark after it, when the wait after its hand-out raised: the next one out
+        self.ready: tuple[Any, _Mark | None] | None = None
         self._drain = weakref.finalize(self, pre._drain, self.pending)
         self._drain.atexit = False  # no device work during interpreter teardown
 
@@ -299,11 +330,14 @@ class _Epoch:
         """Stop early (as a generator's ``close``): every copy finishes, then the slots are let go.
         Inert in a process that inherited this iterator."""
         self.done = True
-        self.error = None
+        self.error = self.ready = None
         self._drain()
 
     def __next__(self) -> Any:
         pre, pending = self.pre, self.pending
+        if self.ready is not None:  # made ready, but the wait after it raised before the caller got it
+            (moved, pre._mark), self.ready = self.ready, None
+            return moved
         if not pending or pending[0].event is _UNCOPIED:  # nothing read ahead, or its copy was cut short
             if self.error is not None:  # read ahead while the batch before it was in the caller's hands
                 exc, self.error = self.error, None
@@ -348,7 +382,11 @@ class _Epoch:
         current.moved = None
         pre.held.append(current)
         del current
-        pre._release_finished()
+        try:
+            pre._release_finished()
+        except BaseException:  # a Ctrl-C in the wait past max_held: k is still the caller's next batch
+            self.ready, pre._mark = (moved, pre._mark), mark
+            raise
         return moved
 
     def _read(self) -> None:

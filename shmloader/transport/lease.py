@@ -42,13 +42,16 @@ def _on_release(released: deque[Released], fence: Fence | None, slot_id: int, se
     if segment is not None:  # the ring closed while this batch was held: retire its segment now,
         retire_lingering(segment, on_retire)  # while the dying lease still keeps it mapped
         return
-    event = None
+    event, spent = None, forked_since(mark)
     if fence is not None:
         try:
             event = fence()
-        except Exception as exc:  # never raise in a finalizer; the slot is then reused unfenced
-            logger.warning("could not fence slot %d after its batch was dropped: %s", slot_id, exc)
-    released.append((slot_id, serial, event, forked_since(mark)))
+        except Exception as exc:  # never raise in a finalizer. A copy may still read the slot: it is
+            # spent, its segment retired (the pin backend waits for the device before it unpins it)
+            logger.warning("could not fence slot %d after its batch was dropped: %s; its segment is "
+                           "retired rather than written again", slot_id, exc)
+            spent = True
+    released.append((slot_id, serial, event, spent))
 
 
 class Lease(weakref.ref):

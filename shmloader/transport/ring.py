@@ -233,9 +233,12 @@ class Ring(SlotGrowth):
         return len(self._cooling)
 
     def _cool_oldest(self) -> None:
-        """Wait for the oldest cooling slot's fence and free it."""
-        slot, serial, event, spent = self._cooling.popleft()
+        """Wait for the oldest cooling slot's fence and free it. It leaves the queue only once the
+        wait returned: a Ctrl-C (raised as the wait returns) or a device error keeps it cooling, in
+        the ring, rather than lost to it for good."""
+        slot, serial, event, spent = self._cooling[0]
         event.synchronize()
+        self._cooling.popleft()
         self._free_cooled(slot, serial, spent)
 
     def _free_cooled(self, slot: Slot, serial: int, spent: bool) -> int:
