@@ -4,7 +4,9 @@ Owns every lease not yet fired (``LIVE``), each a weak reference to a lease buff
 buffer over a whole slot that every array of a batch is a view of) with its ring's queue and the
 slot's serial. Runs in the main process; the finalizer in whatever thread drops the last view.
 Promises: a lease fires at most once, outlives its ring, never fires at interpreter exit, never
-raises, and does nothing outside the process that made it (``owner.ProcessOwner``). What it
+raises, queues its slot even when a Ctrl-C lands in it (the slot then counts as spent; Python
+itself swallows an exception raised in a weakref callback, the Ctrl-C with it), and does nothing
+outside the process that made it (``owner.ProcessOwner``). What it
 queues says whether other code forked the process while the batch was held
 (``owner.forked_since``): such a slot is *spent*, its segment retired, never written again
 (``transport/ring.py``, docs/design/slot-lifecycle.md).
@@ -42,16 +44,20 @@ def _on_release(released: deque[Released], fence: Fence | None, slot_id: int, se
     if segment is not None:  # the ring closed while this batch was held: retire its segment now,
         retire_lingering(segment, on_retire)  # while the dying lease still keeps it mapped
         return
-    event, spent = None, forked_since(mark)
-    if fence is not None:
-        try:
-            event = fence()
-        except Exception as exc:  # never raise in a finalizer. A copy may still read the slot: it is
-            # spent, its segment retired (the pin backend waits for the device before it unpins it)
-            logger.warning("could not fence slot %d after its batch was dropped: %s; its segment is "
-                           "retired rather than written again", slot_id, exc)
-            spent = True
-    released.append((slot_id, serial, event, spent))
+    event, spent = None, True  # until both are known: a release cut short retires the slot's segment
+    try:
+        forked = forked_since(mark)
+        if fence is not None:
+            try:
+                event = fence()
+            except Exception as exc:  # never raise in a finalizer. A copy may still read the slot: it
+                # is spent, its segment retired (the pin backend waits for the device before it unpins it)
+                logger.warning("could not fence slot %d after its batch was dropped: %s; its segment is "
+                               "retired rather than written again", slot_id, exc)
+                forked = True
+        spent = forked
+    finally:  # a Ctrl-C landing in here (Python swallows it in a weakref callback) still queues the slot
+        released.append((slot_id, serial, event, spent))
 
 
 class Lease(weakref.ref):

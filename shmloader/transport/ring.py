@@ -210,13 +210,14 @@ class Ring(SlotGrowth):
         """Move slots whose last view died, and whose fence has completed, back to free; returns
         how many."""
         n = 0
-        while self._released:
-            slot_id, serial, event, spent = self._released.popleft()
+        while self._released:  # each taken off only once handled: a Ctrl-C in between loses no slot
+            slot_id, serial, event, spent = self._released[0]  # (handled twice, a release is stale: no-op)
             if slot_id < len(self.slots):
                 if event is None:  # unpinned (or unfenced): free at once
                     n += self._free_cooled(self.slots[slot_id], serial, spent)
                 else:
                     self._cooling.append((self.slots[slot_id], serial, event, spent))
+            self._released.popleft()
         if self._cooling:
             still: deque[tuple[Slot, int, Any, bool]] = deque()
             for cooling in self._cooling:
