@@ -75,7 +75,8 @@ def _preflight(num_workers: int, prefetch_factor: int, ring: Ring, slot_bytes: i
 
 def finisher(loader: Any) -> Callable[[Any], Any]:
     """A batch's last step before the user: slot-backed tensors marked pinned by the backend, or
-    (``num_workers=0``) pinned by a copy; else the batch itself."""
+    pinned by a copy (``num_workers=0``, or an accelerator no backend registers slots for); else
+    the batch itself."""
     if not loader.pin_memory:
         return _as_is
     return functools.partial(_finish, loader._pin, loader.num_workers)
@@ -88,6 +89,6 @@ def _as_is(batch: Any) -> Any:
 def _finish(pin: pinning.PinState, num_workers: int, batch: Any) -> Any:
     if pin.backend is not None:
         return pin.backend.finish(batch)
-    if num_workers == 0 and pinning.accelerator_available():
+    if pin.copy or (num_workers == 0 and pinning.accelerator_available()):
         return pinning.pin_copy(batch)
     return batch

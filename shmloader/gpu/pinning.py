@@ -16,7 +16,8 @@ Runs in the main process only. Promises:
   ``unregister_segment`` when it is retired, which the ring does before it unlinks and unmaps —
   also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
 - ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
-  the batches stay correct (unpinned).
+  the batches stay correct (unpinned). An accelerator that no backend registers slots for (XPU,
+  MPS: the built-ins register for CUDA only) gets each batch pinned by torch's copy, as torch does.
 - ``SHMLOADER_PIN_BACKEND`` is read only where ``pin_memory=True``: a value that is not a backend,
   or names one that cannot work here, raises ConfigError at ``iter()`` with workers or without
   (:func:`check_requested`). Importing this module imports neither torch nor cupy.
@@ -192,6 +193,7 @@ class PinState:
     backend: PinBackend | None = None
     chosen: bool = False
     warned: bool = False
+    copy: bool = False  # no backend chosen by "auto", yet torch sees an accelerator: pin by a copy
 
 
 def backend_for(loader: Any) -> PinBackend | None:
@@ -205,6 +207,8 @@ def choose(pin: PinState, pin_memory: bool, plugins: Any, device: str) -> PinBac
         return None
     if not pin.chosen:
         pin.backend = select(True, plugins, device=device)
+        # e.g. XPU or MPS: no backend registers slots there, so torch's copy pins, as torch's loader does
+        pin.copy = pin.backend is None and requested_backend() == "auto" and accelerator_available()
         pin.chosen = True
     return pin.backend
 
@@ -214,12 +218,13 @@ def will_pin(loader: Any) -> bool:
     if loader.num_workers == 0:
         return accelerator_available()  # torch's pin_memory copy, as torch does
     backend = backend_for(loader)
-    return backend is not None and bool(getattr(backend, "device_pinned", False))
+    return loader._pin.copy or (backend is not None and bool(getattr(backend, "device_pinned", False)))
 
 
 def warn_if_unpinned(loader: Any, stacklevel: int = 4) -> None:
-    """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader."""
-    if not loader.pin_memory or loader._pin.warned or will_pin(loader):
+    """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader (not when
+    there is one and the user named a backend that does not pin for it: the words would be false)."""
+    if not loader.pin_memory or loader._pin.warned or will_pin(loader) or accelerator_available():
         return
     loader._pin.warned = True
     warnings.warn(NO_ACCELERATOR, stacklevel=stacklevel)
