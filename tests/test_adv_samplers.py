@@ -1,11 +1,14 @@
 """Samplers under adversity, numpy flavour (no torch needed): a sampler that raises while a
-persistent iterator starts its next epoch.
+persistent iterator starts its next epoch, and the epoch of a ``DistributedSampler`` saved and
+resumed wherever it sits (as the loader's sampler or inside its batch sampler).
 
-Each test is one that failed before its fix.
+Each test is one that failed before its fix; torch-side parity of the same areas is in
+tests/test_adv_samplers_torch.py.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,3 +54,41 @@ def test_a_sampler_raising_as_a_persistent_epoch_starts_leaves_the_next_epoch_wh
         assert loader.state_dict()["base_seed"] is None
         assert _firsts(loader) == [0, 2, 4, 6, 8, 10]  # was: ValueError "task 0 already has an outcome"
         assert _firsts(loader) == [0, 2, 4, 6, 8, 10]
+
+
+def _distributed(epoch: int | None) -> shmloader.DistributedSampler:
+    sampler = shmloader.DistributedSampler(Indexed(23), num_replicas=2, rank=1, shuffle=True, seed=3)
+    if epoch is not None:
+        sampler.set_epoch(epoch)
+    return sampler
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.timeout(60)
+def test_a_distributed_sampler_inside_a_batch_sampler_resumes_its_epoch(num_workers: int) -> None:
+    def make(epoch: int | None) -> shmloader.DataLoader:
+        batches = shmloader.BatchSampler(_distributed(epoch), 2, drop_last=False)
+        return shmloader.DataLoader(Indexed(23), batch_sampler=batches, num_workers=num_workers)
+
+    uninterrupted = [b.tolist() for b in make(5)]
+    saving = make(5)
+    it = iter(saving)
+    before = [next(it).tolist() for _ in range(2)]
+    state = json.loads(json.dumps(saving.state_dict()))
+    saving.close()
+    resumed = make(None)  # a fresh sampler at epoch 0: the state must say epoch 5
+    resumed.load_state_dict(state)
+    batches: Any = resumed.batch_sampler
+    assert batches.sampler.epoch == 5
+    assert before + [b.tolist() for b in resumed] == uninterrupted  # was: batches of epoch 0, some twice
+
+
+def test_a_batch_samplers_distributed_sampler_refuses_another_ranks_state() -> None:
+    def make(rank: int) -> shmloader.DataLoader:
+        sampler = shmloader.DistributedSampler(Indexed(23), num_replicas=2, rank=rank, seed=3)
+        return shmloader.DataLoader(Indexed(23), batch_sampler=shmloader.BatchSampler(sampler, 2, False))
+
+    saving = make(0)
+    next(iter(saving))
+    with pytest.raises(shmloader.state.StateError, match="rank saved 0, this sampler 1"):
+        make(1).load_state_dict(saving.state_dict())
