@@ -1,11 +1,12 @@
-"""Samplers under adversity, against torch: torch's ``DistributedSampler`` (which has no
-``state_dict``) resumed at its epoch.
+"""Samplers and worker info under adversity, against torch: torch's ``DistributedSampler`` (which has
+no ``state_dict``) resumed at its epoch, and ``WorkerInfo`` with torch's fields.
 
 Each test is one that failed before its fix; the numpy-flavour ones are in tests/test_adv_samplers.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,7 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import Dataset, DistributedSampler  # noqa: E402
+from torch.utils.data._utils import worker as torch_worker  # noqa: E402
 
+import shmloader  # noqa: E402
 from shmloader.state import StateError  # noqa: E402
 from shmloader.torch import DataLoader  # noqa: E402
 
@@ -66,3 +69,12 @@ def test_torchs_distributed_sampler_state_with_a_bad_epoch_is_refused_by_name() 
     state["objects"]["sampler"]["epoch"] = -1
     with pytest.raises(StateError, match="epoch must be an integer >= 0; got -1"):
         _loader(None, 0).load_state_dict(state)
+
+
+def test_worker_info_has_torchs_fields_and_repr() -> None:
+    ours = shmloader.WorkerInfo(id=1, num_workers=2, seed=7, dataset="data")
+    theirs = torch_worker.WorkerInfo(id=1, num_workers=2, seed=7, dataset="data")  # type: ignore[arg-type]
+    assert [f.name for f in dataclasses.fields(ours)] == [f.name for f in dataclasses.fields(theirs)]
+    assert repr(ours) == repr(theirs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ours.id = 3  # type: ignore[misc]
