@@ -232,7 +232,7 @@ class DataLoader(Generic[T_co]):
                     with self._book.starting():  # a next epoch that fails to start starts no epoch either
                         it._reset(self._plan())
                 except BaseException:
-                    if getattr(it, "closed", False):  # it closed as it failed: the next iter() draws a seed, reusing none
+                    if getattr(it, "closed", False):  # closed as it failed: the next iter() draws a new seed
                         self._book.reused_seed = None
                     raise
             return it
