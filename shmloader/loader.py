@@ -228,8 +228,13 @@ class DataLoader(Generic[T_co]):
                 if getattr(it, "closed", False):  # a close() in another thread stopped it as it was built
                     self._iterator = None  # after the close's own reset: the loader keeps no closed one
             else:
-                with self._book.starting():  # a next epoch that fails to start starts no epoch either
-                    it._reset(self._plan())
+                try:
+                    with self._book.starting():  # a next epoch that fails to start starts no epoch either
+                        it._reset(self._plan())
+                except BaseException:
+                    if getattr(it, "closed", False):  # closed as it failed: the next iter() draws a new seed
+                        self._book.reused_seed = None
+                    raise
             return it
         return self._get_iterator()
 

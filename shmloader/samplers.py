@@ -26,7 +26,7 @@ import numpy as np
 
 from shmloader import _generators
 from shmloader.datasets import TorchTwinMeta
-from shmloader.errors import StateError
+from shmloader.state_objects import check_epoch_state
 
 __all__ = [
     "Sampler",
@@ -380,20 +380,4 @@ class DistributedSampler(Sampler[int]):
         """Restore ``state_dict()``. A state of another rank, world size or seed, or a malformed one
         (not a mapping, a key missing, an epoch that is no integer >= 0), is refused with a
         ``StateError`` (a ValueError) naming the field, and the sampler is left as it was."""
-        mine = self.state_dict()
-        if not isinstance(state, Mapping):
-            raise StateError(f"DistributedSampler state must be a mapping of {', '.join(mine)}; "
-                             f"got {type(state).__name__} {state!r:.80}", state, mine)
-        missing = [k for k in mine if k not in state]
-        if missing:
-            raise StateError(f"DistributedSampler state lacks {', '.join(missing)} (saved keys: "
-                             f"{', '.join(map(str, state))})", dict(state), mine)
-        wrong = [k for k in ("seed", "num_replicas", "rank") if state[k] != mine[k]]
-        if wrong:
-            raise StateError("DistributedSampler state is for another shard: "
-                             + ", ".join(f"{k} saved {state[k]!r}, this sampler {mine[k]!r}" for k in wrong),
-                             dict(state), mine)
-        epoch = state["epoch"]
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise StateError(f"DistributedSampler state's epoch must be an integer >= 0; got {epoch!r:.80}", epoch, None)
-        self.epoch = epoch
+        self.epoch = check_epoch_state("DistributedSampler", self.state_dict(), state)

@@ -11,7 +11,8 @@ delivered, in the order an uninterrupted epoch would have, because it records
 - what re-creates the epoch's index order: the state of every random generator the loader and
   its samplers draw from, taken as the epoch starts, before ``iter(sampler)`` (torch's global RNG
   included when torch is imported), whether the base seed was then drawn from them, and
-  ``state_dict()`` of the sampler, batch sampler and dataset when they define one, taken when
+  ``state_dict()`` of the sampler, batch sampler (and its sampler) and dataset when they define one
+  (a DistributedSampler without one: its epoch, ``state_objects``), taken when
   the epoch started;
 - WHICH tasks had been delivered (ranges of task numbers), not how many: tasks in flight or held
   in the reorder buffer at save time are dispatched again, delivered ones never.
@@ -32,8 +33,8 @@ from typing import Any
 
 from shmloader.errors import StateError
 from shmloader.state_config import check_config, config_of, type_name
-from shmloader.state_fields import OBJECTS as _OBJECTS
 from shmloader.state_fields import check_fields, check_ranges
+from shmloader.state_objects import object_at, saved_objects, stateful
 from shmloader.state_random import Snapshot, prepare_restore, take_random
 
 __all__ = ["STATE_VERSION", "StateError", "TaskSet", "EpochRecord", "Resume", "loader_state", "load"]
@@ -131,16 +132,11 @@ class EpochRecord:
 
 # -- taking an epoch's record (epoch_book.EpochBook calls these) -----------------------------------
 def object_states(loader: Any) -> dict[str, Any]:
-    """Copies of ``state_dict()`` of the sampler, batch sampler and dataset that define one, taken
+    """Copies of ``state_dict()`` of the objects ``state_objects.saved_objects`` finds, taken
     now (an epoch's start): what those objects change afterwards, in the dict they returned too,
     does not reach the copies. One that cannot be copied is kept as an ``_Uncopied``, which saving
     refuses by name; iterating goes on."""
-    states = {}
-    for name in _OBJECTS:
-        obj: Any = getattr(loader, name, None)
-        if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-            states[name] = _copied(name, obj)
-    return states
+    return {name: _copied(name, obj) for name, obj in saved_objects(loader).items()}
 
 
 @dataclass(frozen=True)
@@ -286,11 +282,11 @@ def restore_sources(loader: Any, state: Mapping[str, Any]) -> None:
 
 
 def _object_target(loader: Any, name: str, saved: Any) -> Any:
-    """The loader's ``name`` (sampler, batch sampler, dataset), which must take a saved state_dict."""
-    target: Any = getattr(loader, name, None)
-    if not callable(getattr(target, "load_state_dict", None)):
+    """The loader's object at ``name`` (state_objects.PATHS), which must take a saved state_dict."""
+    target: Any = stateful(object_at(loader, name))
+    if target is None:
         raise StateError(f"the state holds a {name} state_dict but this loader's {name} "
-                         f"({type_name(target)}) has no load_state_dict", saved, None)
+                         f"({type_name(object_at(loader, name))}) has no load_state_dict", saved, None)
     return target
 
 

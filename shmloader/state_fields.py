@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import StateError
+from shmloader.state_objects import PATHS
 
 _SEED_LIMIT = 1 << 64  # base seeds are drawn as torch draws them: 64-bit unsigned
-OBJECTS = ("sampler", "batch_sampler", "dataset")  # the loader attributes saved through their state_dict
+OBJECTS = PATHS  # where the loader objects saved through their state_dict sit
 
 
 def check_fields(state: Mapping[str, Any]) -> None:

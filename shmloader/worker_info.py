@@ -23,14 +23,18 @@ import numpy as np
 __all__ = ["WorkerInfo", "get_worker_info"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
-    """What a worker knows about itself (``get_worker_info()`` inside a worker)."""
+    """What a worker knows about itself (``get_worker_info()`` inside a worker): torch's fields, in
+    torch's order and repr. ``rng`` (torch's thread workers' RNG container) is always None and
+    ``worker_method`` always ``"multiprocessing"``: shmloader's workers are processes."""
 
     id: int
     num_workers: int
     seed: int
     dataset: Any
+    rng: Any = None
+    worker_method: str | None = "multiprocessing"
 
 
 _worker_info: WorkerInfo | None = None

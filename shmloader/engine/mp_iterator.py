@@ -144,7 +144,14 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
             for w in self._pool.workers:
                 w.exhausted = False
         self._begin_epoch()
-        self._dispatch(spare_only=True)
+        try:
+            self._dispatch(spare_only=True)
+        except BaseException:
+            # the sampler (or a Ctrl-C) stopped the epoch as its first tasks went out; the epoch book
+            # forgets that epoch (EpochBook.starting), so the next one has its number and these tasks
+            # would answer for its own: the iterator goes, as a failed first iter() does
+            self._close_owned()
+            raise
 
     @property
     def closed(self) -> bool:
