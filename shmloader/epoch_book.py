@@ -25,6 +25,7 @@ from typing import Any
 from shmloader import state as _state
 from shmloader._generators import draw_base_seed
 from shmloader.errors import LoaderError
+from shmloader.state_objects import check_epochs
 from shmloader.state_random import global_rng, snapshot, torch_bytes
 
 
@@ -74,6 +75,8 @@ class EpochBook:
         ``load_state_dict`` the saved base seed is used and delivered tasks are skipped: map-style
         ones are taken from the sampler but never fetched; an iterable dataset's are made and dropped.
         """
+        if self.resume is not None and self.resume.state["in_progress"]:  # first: a refused start
+            check_epochs(self._loader, self.resume.state["objects"])  # leaves the resume armed
         resume, self.resume = self.resume, None
         drew: tuple[Any, Any] | None = None  # a resumed first draw made at iter(): the RNG before and after
         with global_rng(None if resume is None else resume.torch_global):

@@ -55,6 +55,23 @@ def saved_objects(loader: Any) -> dict[str, Any]:
     return found
 
 
+def check_epochs(loader: Any, saved: Mapping[str, Any]) -> None:
+    """At a resumed epoch's start: each epoch-keyed sampler whose state ``saved`` holds (path ->
+    state) is still at the saved epoch. A ``set_epoch`` to another one since ``load_state_dict``
+    changed the order the saved delivered tasks index into: StateError naming both epochs."""
+    for path, state in saved.items():
+        obj = object_at(loader, path)
+        now = getattr(obj, "epoch", None)
+        if not callable(getattr(obj, "set_epoch", None)) or not isinstance(state, Mapping) or not _is_count(now):
+            continue
+        if "epoch" in state and now != state["epoch"]:
+            raise StateError(f"the loader's {path} ({type(obj).__name__}) is at epoch {now}, but the loaded "
+                             f"state resumes its saved epoch {state['epoch']} part-way: set_epoch({now}) after "
+                             f"load_state_dict would lose and repeat batches; call set_epoch({state['epoch']}) "
+                             "to finish the saved epoch, or load no state to start a new one",
+                             state["epoch"], now)  # fmt: skip
+
+
 def check_epoch_state(owner: str, mine: Mapping[str, Any], state: Any) -> int:
     """The epoch of ``state``, a saved ``{"epoch", "seed", "num_replicas", "rank"}`` (those ``mine``
     has), checked against ``mine``: StateError naming the field for one that is not a mapping, lacks
