@@ -168,6 +168,8 @@ def _check_seconds(value: Any) -> float:
         raise _Invalid("is not finite")
     if value < 0:
         raise _Invalid("is out of range")
+    if not math.isfinite(value * 1000):  # a wait counts milliseconds
+        raise _Invalid("is too large: no wait can count it in milliseconds")
     return value
 
 
