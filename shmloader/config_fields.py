@@ -168,6 +168,8 @@ def _check_seconds(value: Any) -> float:
         raise _Invalid("is not finite")
     if value < 0:
         raise _Invalid("is out of range")
+    if not math.isfinite(value * 1000):  # a wait counts milliseconds
+        raise _Invalid("is too large: no wait can count it in milliseconds")
     return value
 
 
@@ -238,15 +240,26 @@ def _parse_log_level(text: str) -> str:
 
 
 def _parse_dir(text: str) -> str:
+    """A directory every process of a loader finds the same and can create segments in: absolute
+    (a relative one moves with each process's working directory, and the sweep with it), existing,
+    writable and searchable by this user. Whether it is memory-backed is doctor's warning."""
+    if not os.path.isabs(text):
+        raise _Invalid(f"is a relative path: give it absolute (here {os.path.abspath(text)!r}), "
+                       "the same in every process whatever its working directory")
     if not os.path.isdir(text):
         raise _Invalid("is not an existing directory")
+    if not os.access(text, os.W_OK | os.X_OK):
+        raise _Invalid("is not writable by this user")
     return text
 
 
 def _check_dir(value: Any) -> str:
-    if not isinstance(value, (str, os.PathLike)):
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str):  # a bytes path too: segment names and messages are text
         raise _Invalid("is not a path")
-    return _parse_dir(os.fspath(value))
+    if not path.strip():
+        raise _Invalid("is empty")
+    return _parse_dir(path)
 
 
 # -- the table -------------------------------------------------------------------------------------
@@ -285,7 +298,7 @@ FIELDS: tuple[Field, ...] = (
     _field("max_slots", "int", 0, "most slots the ring may grow to; 0 means no limit", "64",
            "an integer >= 0", _parse_int(0), _check_int(0)),
     _field("shm_dir", "str", DEFAULT_SHM_DIR, "directory that holds the shared-memory segments", DEFAULT_SHM_DIR,
-           "an existing directory", _parse_dir, _check_dir),
+           "the absolute path of an existing directory this user can write", _parse_dir, _check_dir),
     _field("sweep", "bool", True,
            "at start, remove segments whose owner is gone (pid dead and its lock released)", "0",
            _BOOL_ACCEPTS, _parse_bool, _check_bool),

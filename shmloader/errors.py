@@ -211,9 +211,10 @@ class ConfigError(ValueError):
 
 
 class PrefetchFactorError(ConfigError, AssertionError):
-    """``prefetch_factor`` below 1 reached ``iter()`` with workers (set after construction).
+    """``prefetch_factor`` below 1 with workers: 0 given to the constructor, or a value below 1
+    that reached ``iter()`` (set after construction).
 
-    A ConfigError like construction's refusal, and an AssertionError, which torch raises there.
+    A ConfigError (a ValueError), and an AssertionError, which torch raises at ``iter()``.
     """
 
 

@@ -25,12 +25,12 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
     integer-like value is taken (``np.int64(2)`` from a config array, ``True``); what no
     ``operator.index`` takes is refused by name rather than by a failure deep inside."""
     num_workers = _worker_count(num_workers)
-    if timeout < 0:
+    if _below_zero("timeout", timeout):
         raise ValueError("timeout option should be non-negative")
     if num_workers == 0 and prefetch_factor is not None:
         raise ValueError("prefetch_factor option could only be specified in multiprocessing."
                          "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
-    if prefetch_factor is not None and prefetch_factor < 0:
+    if prefetch_factor is not None and _below_zero("prefetch_factor", prefetch_factor):
         raise ValueError("prefetch_factor option should be non-negative")
     if prefetch_factor is not None:  # torch fails on these only when it iterates: said here, at once
         try:
@@ -38,11 +38,22 @@ def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persisten
         except TypeError:
             raise TypeError(f"prefetch_factor should be an integer, but got prefetch_factor={prefetch_factor!r}") from None
         if prefetch_factor == 0:  # no task would ever be sent: the first next() would wait forever
-            raise ValueError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter "
-                             "(got prefetch_factor=0)")
+            # a ValueError like construction's other refusals, and torch's AssertionError at iter()
+            raise PrefetchFactorError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter "
+                                      f"(got prefetch_factor={prefetch_factor!r})",
+                                      name="prefetch_factor", value=prefetch_factor)
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     return num_workers
+
+
+def _below_zero(name: str, value: Any) -> bool:
+    """``value < 0``, as torch compares it; what cannot be compared (a str, None, a complex) raises
+    torch's TypeError, naming the option instead of "'<' not supported between ..."."""
+    try:
+        return bool(value < 0)
+    except TypeError:
+        raise TypeError(f"{name} should be a non-negative number, but got {name}={value!r}") from None
 
 
 def _worker_count(num_workers: Any, at_iter: bool = False) -> int:
@@ -90,7 +101,8 @@ def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
     """The seconds an iterator waits for a batch (0: forever), checked when it is made, as torch's
     iterators check it, but before any worker starts: without workers any value but 0 raises
     TimeoutWithoutWorkersError (torch's AssertionError); with workers what is not a number raises
-    TypeError, and an infinite one OverflowError (as torch's first wait would), each naming it.
+    TypeError, and an infinite one (or one too long to count in milliseconds) OverflowError (as torch's
+    first wait would), each naming it.
     NaN waits forever, as in torch."""
     if not num_workers:
         if timeout != 0:
@@ -105,8 +117,9 @@ def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
         seconds = float(timeout)
     except (TypeError, ValueError):
         raise TypeError(f"timeout={timeout!r} is not a number of seconds (0 waits forever)") from None
-    if math.isinf(seconds):
-        raise OverflowError(f"timeout={timeout!r} cannot bound a wait: pass timeout=0 to wait forever")
+    if math.isinf(seconds * 1000):  # the wait counts milliseconds: 1e308 s is finite, not its ms
+        raise OverflowError(f"timeout={timeout!r} cannot bound a wait (too long to count in milliseconds): "
+                            "pass timeout=0 to wait forever")
     return seconds
 
 
@@ -147,6 +160,8 @@ def check_sampling(is_iterable: bool, batch_size: Any, shuffle: Any, sampler: An
                              f"but got batch_sampler={batch_sampler}")
     else:
         shuffle = bool(shuffle)
+    _check_iterable("sampler", sampler)
+    _check_iterable("batch_sampler", batch_sampler)
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None:
@@ -159,7 +174,19 @@ def check_sampling(is_iterable: bool, batch_size: Any, shuffle: Any, sampler: An
                              "with drop_last")
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
+    elif batch_size > sys.maxsize:  # torch: a ValueError from itertools.islice at the first next()
+        raise ValueError(f"batch_size={batch_size} is more samples than a batch can hold "
+                         f"(at most sys.maxsize={sys.maxsize})")
     return batch_size, bool(shuffle), drop_last
+
+
+def _check_iterable(name: str, value: Any) -> None:
+    """A sampler the loader could never iterate: torch's TypeError ("'int' object is not
+    iterable"), raised when the loader is built rather than at the first ``next()``, naming it. Judged
+    by its type alone: iterating it here could draw from its random generator."""
+    if value is not None and not (hasattr(type(value), "__iter__") or hasattr(type(value), "__getitem__")):
+        raise TypeError(f"{name}={value!r:.80} is not iterable: pass a Sampler or an iterable of "
+                        f"{'indices' if name == 'sampler' else 'lists of indices'}")
 
 
 def resolve_context(context: str | BaseContext | None, num_workers: int) -> BaseContext | None:

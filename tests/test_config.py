@@ -180,7 +180,7 @@ BAD_VALUES = [
     ("SHMLOADER_MAX_SLOTS", "-3", "is out of range (expected an integer >= 0)"),
     ("SHMLOADER_NUM_WORKERS", "\u0662", "is not an integer (expected an integer >= 0)"),  # an Arabic-Indic 2
     ("SHMLOADER_TASK_TIMEOUT_S", "\u0665", "is not a number (expected a finite number >= 0 (seconds))"),
-    ("SHMLOADER_SHM_DIR", "/no/such/shm/dir", "is not an existing directory (expected an existing directory)"),
+    ("SHMLOADER_SHM_DIR", "/no/such/shm/dir", "is not an existing directory (expected the absolute path of an existing directory this user can write)"),
     ("SHMLOADER_SWEEP", "never", "is not a boolean (expected one of 1/0/true/false/yes/no/on/off)"),
     ("SHMLOADER_ON_WORKER_DEATH", "retry", "is not a worker-death policy (expected one of raise, restart)"),
     ("SHMLOADER_ON_WORKER_DEATH", "RAISE", "is not a worker-death policy (expected one of raise, restart)"),

@@ -13,19 +13,25 @@ line that holds it to :mod:`shmloader.cli.train` before this parser sees it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from shmloader.cli.plot import plot_target
 from shmloader.cli.records import SPREAD_RULE
 from shmloader.cli.workloads import WORKLOADS, Workload
 
-__all__ = ["Options", "parse_args", "START_METHODS", "DEFAULT_REPEAT"]
+__all__ = ["Options", "parse_args", "START_METHODS", "DEFAULT_REPEAT", "FDS_PER_WORKER", "check_dataset_length",
+           "int_at_least", "open_descriptors", "refuse_unstartable_workers", "startable_workers"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 # Five rounds: the median survives two disturbed rounds, and the default run stays under about two
 # minutes on 2 cores (docs/performance.md).
 DEFAULT_REPEAT = 5
+# Descriptors the main process holds per worker with the default prefetch_factor of 2: the task and
+# result pipes' ends, the pidfd and the sentinel, and each of the worker's two slots (measured: 8).
+FDS_PER_WORKER = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +70,18 @@ def parse_args(argv: list[str] | None) -> Options:
         parser.error("--no-torch and --no-shmloader together leave nothing to measure")
     if not _split(ns.workloads) or not _split(ns.workers):
         parser.error("--workloads and --workers each need at least one value")
-    for option, text in (("--workloads", ns.workloads), ("--workers", ns.workers)):
-        _refuse_repeats(parser, option, _split(text))
+    _refuse_repeats(parser, "--workloads", _split(ns.workloads))
+    workloads = tuple(_parse_workload(parser, name) for name in _split(ns.workloads))
+    workers = tuple(_parse_count(parser, "--workers", text) for text in _split(ns.workers))
+    _refuse_repeats(parser, "--workers", workers)
+    refuse_unstartable_workers(parser, "--workers", max(workers))
+    for workload in workloads:
+        batches = ns.batches or workload.default_batches
+        check_dataset_length(parser, f"{workload.name}: --batches {batches} + --warmup {ns.warmup}",
+                             batches + ns.warmup, workload.batch_size)
     return Options(
-        workloads=tuple(_parse_workload(parser, name) for name in _split(ns.workloads)),
-        workers=tuple(_parse_count(parser, "--workers", text) for text in _split(ns.workers)),
+        workloads=workloads,
+        workers=workers,
         batches=ns.batches,
         warmup=ns.warmup,
         json=ns.json,
@@ -127,27 +140,81 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer ``>= minimum``, refused with what was given (every cli command's)."""
+def int_at_least(minimum: int, maximum: int = sys.maxsize) -> Callable[[str], int]:
+    """An argparse type: a decimal integer from ``minimum`` to ``maximum``, refused with what was
+    given (every cli command's). Read as ``SHMLOADER_*`` integers are (docs/config.md): ASCII only,
+    since ``int()`` also reads other scripts' digits ('٣' is 3); past sys.maxsize no count of
+    batches, steps or processes can run."""
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            if not text.isascii():
+                raise ValueError(text)
+            value = int(text, 10)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a decimal integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse
 
 
+def open_descriptors() -> int:
+    """Descriptors this process has open now (0 where the system does not list them)."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(listing))
+        except OSError:
+            continue
+    return 0
+
+
+def startable_workers() -> int:
+    """The most worker processes this process could start now: the room its open-file limit
+    (RLIMIT_NOFILE) leaves for :data:`FDS_PER_WORKER` descriptors each, and its process limit
+    (RLIMIT_NPROC); sys.maxsize where the platform has neither."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return sys.maxsize
+    most = sys.maxsize
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile != resource.RLIM_INFINITY:
+        most = max(0, nofile - open_descriptors()) // FDS_PER_WORKER
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0] if hasattr(resource, "RLIMIT_NPROC") else -1
+    if nproc != resource.RLIM_INFINITY and nproc >= 0:
+        most = min(most, nproc)
+    return most
+
+
+def refuse_unstartable_workers(parser: argparse.ArgumentParser, option: str, workers: int) -> None:
+    """A usage error when ``workers`` processes could not be started (:func:`startable_workers`):
+    refused before any round, rather than a case that fails with EMFILE after the others ran."""
+    most = startable_workers()
+    if workers > most:
+        parser.error(f"{option} {workers}: more worker processes than this process can start (at most {most}: "
+                     f"RLIMIT_NOFILE leaves room for {FDS_PER_WORKER} descriptors each, and RLIMIT_NPROC; "
+                     "'ulimit -n' and 'ulimit -u' show them)")
+
+
+def check_dataset_length(parser: argparse.ArgumentParser, what: str, batches: int, batch_size: int) -> None:
+    """A usage error when ``batches`` batches of ``batch_size`` are more samples than ``len()`` can
+    return (sys.maxsize): each round would fail with OverflowError instead."""
+    if batches * batch_size > sys.maxsize:
+        parser.error(f"{what}: {batches} batches of {batch_size} samples are more than a dataset can hold "
+                     f"(len() is at most sys.maxsize = {sys.maxsize})")
+
+
 _positive_int = int_at_least(1)
 
 
-def _refuse_repeats(parser: argparse.ArgumentParser, option: str, values: list[str]) -> None:
-    """A case given twice would be measured twice and pooled as if the second were another round."""
-    seen: set[str] = set()
+def _refuse_repeats(parser: argparse.ArgumentParser, option: str, values: Iterable[object]) -> None:
+    """A case given twice (``2`` and ``02`` are one) would be measured twice and pooled as if the
+    second were another round."""
+    seen: set[object] = set()
     for value in values:
         if value in seen:
             parser.error(f"{option}: {value} is given twice")
@@ -173,9 +240,10 @@ def _parse_plot(parser: argparse.ArgumentParser, path: str | None) -> str | None
 
 def _parse_count(parser: argparse.ArgumentParser, option: str, text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        parser.error(f"{option} must be non-negative integers, got {text!r}")
-    return value
+        return _non_negative(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"{option}: each value {exc}")
+    return 0  # pragma: no cover - parser.error exits
+
+
+_non_negative = int_at_least(0)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shmloader.cli.measure import close_loader, count_children
-from shmloader.cli.options import START_METHODS, int_at_least
+from shmloader.cli.options import START_METHODS, check_dataset_length, int_at_least, refuse_unstartable_workers
 from shmloader.cli.records import SPREAD_RULE, Spread, summarize
 from shmloader.cli.report import (
     collect_header,
@@ -92,7 +92,8 @@ class TrainRun:
 
 def parse_args(argv: list[str]) -> TrainOptions:
     """Parse, then fill every size not given from the device's defaults (or ``--quick``'s)."""
-    ns = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    ns = parser.parse_args(argv)
     device = ns.device if ns.device != "auto" else _default_device()
     sizes = _SIZES["quick" if ns.quick else ("cuda" if device.startswith("cuda") else "cpu")]
     given = (ns.batch_size, ns.image_size, ns.steps, ns.warmup, ns.workers, ns.repeat)
@@ -100,6 +101,9 @@ def parse_args(argv: list[str]) -> TrainOptions:
         value if value is not None else default for value, default in zip(given, sizes))
     if ns.workers is None:
         workers = min(workers, os.cpu_count() or 1)
+    refuse_unstartable_workers(parser, "--workers", workers)
+    check_dataset_length(parser, f"--steps {steps} + --warmup {warmup} (--batch-size {batch_size})",
+                         steps + warmup, batch_size)
     model = ns.model if ns.model != "auto" or not ns.quick else "small"
     return TrainOptions(device, model, batch_size, image_size, steps, warmup, workers, repeat,
                         ns.start_method, ns.json)  # fmt: skip

@@ -42,7 +42,7 @@ from typing import Any
 
 from shmloader.log import logger
 from shmloader import owner
-from shmloader.engine import exits
+from shmloader.engine import exits, start_limits
 from shmloader.engine.payload import pickled_spec
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
@@ -218,7 +218,13 @@ class WorkerPool:
         """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
         even when a later one fails to start."""
         for worker_id in range(self.num_workers):
-            self._start(worker_id)
+            try:
+                self._start(worker_id)
+            except OSError as exc:  # out of descriptors or processes: say which limit, and num_workers
+                explained = start_limits.explain(exc, worker_id, self.num_workers)
+                if explained is None:
+                    raise
+                raise explained from exc
 
     def _start(self, worker_id: int) -> WorkerHandle:
         """Start one worker and put it in ``workers`` at ``worker_id`` (a new place, or its dead
