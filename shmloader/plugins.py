@@ -54,8 +54,8 @@ register_variable(ENV_NO_AUTOLOAD, _NO_AUTOLOAD.meaning)
 
 def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether entry-point plugins are loaded: not when ``SHMLOADER_DISABLE_PLUGIN_AUTOLOAD`` is true."""
-    value = (os.environ if environ is None else environ).get(ENV_NO_AUTOLOAD, "")
-    return not value.strip() or not _NO_AUTOLOAD.from_env(value)
+    value = (os.environ if environ is None else environ).get(ENV_NO_AUTOLOAD)
+    return value is None or not _NO_AUTOLOAD.from_env(value)  # set but empty: an error, as for every variable
 
 
 class _Manager(pluggy.PluginManager):

@@ -154,12 +154,14 @@ def test_autoload_can_be_disabled_here_and_in_workers(example_installed, monkeyp
     assert "example" in build_plugin_manager().names()
 
 
-def test_a_bad_autoload_switch_names_the_variable(monkeypatch):
+@pytest.mark.parametrize("bad", ["maybe", "", "  "])
+def test_a_bad_autoload_switch_names_the_variable(monkeypatch, bad):
+    # an empty value is an error, as for every variable (docs/config.md "Values"): unset it instead
     from shmloader.errors import ConfigError
     from shmloader.plugins import ENV_NO_AUTOLOAD
 
-    monkeypatch.setenv(ENV_NO_AUTOLOAD, "maybe")
-    with pytest.raises(ConfigError, match="SHMLOADER_DISABLE_PLUGIN_AUTOLOAD='maybe' is not a boolean \\(expected one of"):
+    monkeypatch.setenv(ENV_NO_AUTOLOAD, bad)
+    with pytest.raises(ConfigError, match=f"SHMLOADER_DISABLE_PLUGIN_AUTOLOAD={bad!r} is"):
         shmloader.DataLoader(np.zeros(4))
 
 
