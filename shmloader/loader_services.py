@@ -64,13 +64,15 @@ def _make_ring(config: Config, pin_memory: bool, pin: pinning.PinState, plugins:
                 on_retire=backend.unregister_segment if backend else None, fence=fence)
 
 
-def preflight(num_workers: int, prefetch_factor: int | None) -> Callable[[Ring, int, int], None]:
-    """(ring, slot bytes, slots) -> raises ShmSpaceError unless they fit (transport/preflight.py)."""
+def preflight(num_workers: int, prefetch_factor: int | None) -> Callable[..., None]:
+    """(ring, slot bytes, slots, given=False) -> raises ShmSpaceError unless they fit
+    (transport/preflight.py); ``given``: the size is the user's ``slot_bytes``."""
     return functools.partial(_preflight, num_workers, prefetch_factor or 0)
 
 
-def _preflight(num_workers: int, prefetch_factor: int, ring: Ring, slot_bytes: int, slots: int) -> None:
-    check_ring_fits(ring, slot_bytes, slots, num_workers=num_workers, prefetch_factor=prefetch_factor)
+def _preflight(num_workers: int, prefetch_factor: int, ring: Ring, slot_bytes: int, slots: int,
+               given: bool = False) -> None:  # fmt: skip
+    check_ring_fits(ring, slot_bytes, slots, num_workers=num_workers, prefetch_factor=prefetch_factor, given=given)
 
 
 def finisher(loader: Any) -> Callable[[Any], Any]:

@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import shmloader
 from shmloader import config_fields
 from shmloader.config import resolve_config
-from shmloader.errors import ConfigError
+from shmloader.errors import ConfigError, ShmSpaceError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,3 +88,12 @@ def test_doctor_names_a_relative_directory_as_a_problem(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=50)  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "SHMLOADER_SHM_DIR='rel' is a relative path" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_given_slot_size_too_large_for_the_directory_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHMLOADER_SLOT_BYTES", str(10**23))
+    loader = shmloader.DataLoader(np.zeros((8, 2)), batch_size=2, num_workers=1)
+    with pytest.raises(ShmSpaceError, match=r"slots of 10{23} bytes \(slot_bytes=, SHMLOADER_SLOT_BYTES\)"):
+        iter(loader)
+    loader.close()

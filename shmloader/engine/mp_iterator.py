@@ -109,7 +109,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)
         live.IN_PROCESS.add(self)
         if cfg.slot_bytes:
-            plan.preflight(self._ring, self._slot_bytes, ring_slots(self._num_workers, self._prefetch))
+            plan.preflight(self._ring, self._slot_bytes, ring_slots(self._num_workers, self._prefetch), given=True)
         self._pool.start_all()
 
     # -- epoch life cycle ----------------------------------------------------------------------

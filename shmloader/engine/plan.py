@@ -45,7 +45,7 @@ class Plan:
     context: BaseContext
     worker_spec: Callable[[int], WorkerSpec]  # base seed -> what each worker runs
     make_ring: Callable[[], Ring]
-    preflight: Callable[[Ring, int, int], None]  # (ring, slot bytes, slots) -> raises ShmSpaceError
+    preflight: Callable[..., None]  # (ring, slot bytes, slots, given=False) -> raises ShmSpaceError
     finish: Callable[[Any], Any]  # the batch's last step before the user (pinning)
     reset_seed: int | None = None  # each persistent epoch's Reset carries it to the workers (DataPipes)
     # The loader, held by an iterator it does not hold itself (without persistent workers), so that

@@ -26,8 +26,13 @@ def ring_slots(num_workers: int, prefetch_factor: int) -> int:
     return max(num_workers, 1) * prefetch_factor + CONSUMER_SLOTS
 
 
-def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int, prefetch_factor: int) -> None:
-    """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit beside what the ring holds.
+_GIVEN = " (slot_bytes=, SHMLOADER_SLOT_BYTES)"
+
+
+def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int, prefetch_factor: int,
+                    given: bool = False) -> None:  # fmt: skip
+    """Raise ShmSpaceError unless ``slots`` slots of ``slot_bytes`` fit beside what the ring holds;
+    ``given``: the size is the user's ``slot_bytes`` (the message names it), not a measured batch's.
 
     A slot already that large (or growing to that size) is reused; every other one (and a spent
     one: ``ring.Slot``) needs a new segment, and the segment it replaces frees its pages only once
@@ -44,5 +49,6 @@ def check_ring_fits(ring: Ring, slot_bytes: int, slots: int, *, num_workers: int
     if needed <= free:
         return
     raise shm_space.space_error(ring.shm_dir, needed, free,
-                      f"the slot ring ({slots} slots of {slot_bytes} bytes: num_workers={num_workers} x "
+                      f"the slot ring ({slots} slots of {slot_bytes} bytes{_GIVEN if given else ''}: "
+                      f"num_workers={num_workers} x "
                       f"prefetch_factor={prefetch_factor} + {CONSUMER_SLOTS} held by the consumer)")
