@@ -288,9 +288,9 @@ class UnevenStream(IterableDataset):
             yield sample(i)
 
 
-class SigintParent(FaultyDataset):
-    """Sample ``at`` sends SIGINT to the main process (as Ctrl-C would) and then hangs, so the main
-    process is interrupted while it waits for that batch."""
+class HangsAt(FaultyDataset):
+    """Sample ``at`` hangs in the worker, so the main process waits for that batch for ever (until
+    interrupted)."""
 
     def __init__(self, n: int, at: int) -> None:
         super().__init__(n)
@@ -298,7 +298,6 @@ class SigintParent(FaultyDataset):
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i == self.at and in_worker():
-            os.kill(os.getppid(), signal.SIGINT)
             threading.Event().wait()
         return sample(i)
 

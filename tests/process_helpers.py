@@ -4,6 +4,9 @@ not; the suite's leak guard (conftest.py) and the tests that count workers agree
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import psutil
 
 SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
@@ -26,3 +29,13 @@ def workers_left(zombies: bool = False) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return left
+
+
+def until(condition: Callable[[], object], deadline_s: float) -> bool:
+    """Poll ``condition`` (another process must act) until it holds or ``deadline_s`` passes."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True

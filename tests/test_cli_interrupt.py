@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from process_helpers import until
 
 from shmloader import __main__ as cli
 from shmloader.cli import bench, doctor, interrupt
@@ -43,7 +44,7 @@ def _interrupt(argv: list[str], shm: Path, children: int = 2) -> tuple[int, str,
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env, cwd=shm.parent)  # fmt: skip
     try:
-        assert _until(lambda: len(_group(proc.pid)) > children or proc.poll() is not None, 60)
+        assert until(lambda: len(_group(proc.pid)) > children or proc.poll() is not None, 60)
         assert proc.poll() is None, "finished before the interrupt: make the run longer"
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -51,7 +52,7 @@ def _interrupt(argv: list[str], shm: Path, children: int = 2) -> tuple[int, str,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert _until(lambda: not _group(proc.pid), 10), _group(proc.pid)  # orphans take a moment to go
+    assert until(lambda: not _group(proc.pid), 10), _group(proc.pid)  # orphans take a moment to go
     assert os.listdir(shm) == []
     return proc.returncode, out, err
 
@@ -61,16 +62,6 @@ def _group(pgid: int) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pgid=,stat=,pid=,args="], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines()
             if line.split()[:1] == [str(pgid)] and not line.split()[1].startswith("Z")]  # fmt: skip
-
-
-def _until(condition: Any, deadline_s: float) -> bool:
-    """Poll ``condition`` (another process must act) until it holds or ``deadline_s`` passes."""
-    end = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.timeout(90)

@@ -17,14 +17,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
 import fault_datasets as fd
 import psutil
 import pytest
+from process_helpers import until
 
 from shmloader import DataLoader
+from shmloader.engine.wait import WaitAndRecover
 
 SHM_DIR = "/dev/shm"
 HELPERS = ("resource_tracker", "forkserver")
@@ -116,12 +119,32 @@ def test_persistent_workers_then_close() -> None:
     assert_clean()
 
 
+def ctrl_c_once_waiting(main: int) -> threading.Thread:
+    """A thread that sends SIGINT to this process, as Ctrl-C would, once thread ``main`` waits for a
+    batch (runs the engine's wait). A worker that sent it could not know: its SIGINT could land in
+    ``iter()`` or in the test's own code before ``next()``, which pytest takes for the user's Ctrl-C."""
+
+    def waiting() -> bool:
+        frame = sys._current_frames().get(main)
+        return frame is not None and frame.f_code is WaitAndRecover._wait.__code__
+
+    def run() -> None:
+        until(waiting, 20)  # past that, interrupt anyway: the test then fails on what it checks, not hangs
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.timeout(30)
 def test_keyboard_interrupt_while_waiting() -> None:
-    loader = DataLoader(fd.SigintParent(8, at=0), batch_size=2, num_workers=1)
+    loader = DataLoader(fd.HangsAt(8, at=0), batch_size=2, num_workers=1)
     it = iter(loader)
+    ctrl_c = ctrl_c_once_waiting(threading.get_ident())
     with pytest.raises(KeyboardInterrupt):
         next(it)  # the main process waits for the first batch when the interrupt comes
+    ctrl_c.join()
     assert it.closed  # the iterator closed itself on the way out, before the caller dropped it
     assert_clean()
 

@@ -1,0 +1,81 @@
+"""The suite's leak guard (leak_guard.py) on a loaded machine: a process on its way out is not a leak.
+
+The defect: the guard listed zombies before it waited, and every zombie among our descendants
+counted, so a grandchild its parent was about to reap (a worker's helper, a forkserver worker the
+fork server had not reaped yet) failed the test that had just ended; and it gave a process told
+to stop 3 s to exit, which a Python process shutting down on a loaded 2-CPU machine can need.
+The guard must still report what really is left: a child that lives on, an unjoined zombie child.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from leak_guard import leaks
+from process_helpers import until
+
+SLOW_EXIT = "import time; time.sleep(4)"  # a process 4 s from its exit (past the old 3 s bound)
+# a child that forks a grandchild which exits at once, prints its pid, and once its stdin closes
+# takes a moment (its exit under load) before it reaps the grandchild and exits
+REAPS_LATE = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+print(pid, flush=True)
+sys.stdin.read()
+time.sleep(1)
+os.waitpid(pid, 0)
+"""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[Any]]]:
+    """The processes a test starts, killed and joined after it (the guard's own check follows)."""
+    procs: list[subprocess.Popen[Any]] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_takes_a_moment_to_exit_is_not_a_leak(started: list[subprocess.Popen[Any]]) -> None:
+    started.append(subprocess.Popen([sys.executable, "-c", SLOW_EXIT]))
+    assert leaks() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_grandchild_zombie_its_parent_reaps_is_not_a_leak(started: list[subprocess.Popen[Any]]) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", REAPS_LATE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    started.append(proc)
+    assert proc.stdout is not None and proc.stdin is not None
+    grandchild = int(proc.stdout.readline())
+    assert until(lambda: _zombie(grandchild), 30)
+    proc.stdin.close()  # the child now reaps its grandchild and exits, a moment later
+    assert leaks() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_lives_on_and_an_unjoined_zombie_child_are_still_reported(
+        started: list[subprocess.Popen[Any]]) -> None:
+    lives = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    exits = subprocess.Popen([sys.executable, "-c", "pass"])
+    started += [lives, exits]
+    assert until(lambda: _zombie(exits.pid), 30)
+    found = leaks(exit_wait_s=0.5)
+    assert f"zombie child pid {exits.pid} (exited, never joined)" in found
+    assert [line for line in found if line.startswith(f"child process pid {lives.pid} ")], found
