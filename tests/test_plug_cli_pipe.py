@@ -53,5 +53,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_status_141(args: 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args", HELP, ids=" ".join)
 def test_help_into_a_closed_pipe_is_quiet(args: list[str]) -> None:
-    result = _run_into_a_closed_pipe(args)  # argparse drops what it cannot write, and exits 0
-    assert (result.returncode, result.stderr) == (0, "")
+    result = _run_into_a_closed_pipe(args)
+    # Python 3.11's argparse drops what it cannot write and exits 0; 3.10's raises BrokenPipeError,
+    # which ends the command as any other write to a reader that went away does: 141, quietly
+    assert (result.returncode, result.stderr) == (0 if sys.version_info >= (3, 11) else 141, "")
