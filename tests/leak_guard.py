@@ -7,7 +7,7 @@ a loaded machine) is not a leak, and the bound only costs time when something re
 zombie is a leak only when it is our own child, which nobody but this process can reap (a
 grandchild's zombie is its parent's to reap: a worker's helper, or a forkserver worker the fork
 server has not reaped yet); segments are listed last, once the processes that could still act on
-them are gone. multiprocessing's shared helpers (process_helpers.SHARED_HELPERS) are not leaks.
+them are gone. multiprocessing's shared helpers (process_helpers.shared_helper) are not leaks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import gc
 import os
 
 import psutil
-from process_helpers import SHARED_HELPERS
+from process_helpers import shared_helper
 
 SHM_DIR = "/dev/shm"
 EXIT_WAIT_S = 20.0  # bounds the wait for a process on its way out; only a real leak waits it out
@@ -41,8 +41,11 @@ def stray_processes() -> list[psutil.Process]:
             cmd = ""
         except psutil.AccessDenied:
             continue
-        if not any(h in cmd for h in SHARED_HELPERS):
-            strays.append(p)
+        try:
+            if not shared_helper(p, cmd):
+                strays.append(p)
+        except psutil.NoSuchProcess:
+            continue
     return strays
 
 

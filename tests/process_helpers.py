@@ -4,12 +4,20 @@ not; the suite's leak guard (conftest.py) and the tests that count workers agree
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
 import psutil
 
 SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
+
+
+def shared_helper(p: psutil.Process, cmdline: str) -> bool:
+    """Whether ``p`` (command line ``cmdline``) is one of multiprocessing's shared helpers: our
+    direct child running one. A forkserver worker keeps the fork server's command line but is the
+    fork server's child: a worker, counted."""
+    return any(h in cmdline for h in SHARED_HELPERS) and p.ppid() == os.getpid()
 
 
 def workers_left(zombies: bool = False) -> list[int]:
@@ -21,7 +29,7 @@ def workers_left(zombies: bool = False) -> list[int]:
             if p.status() == psutil.STATUS_ZOMBIE:
                 if zombies:
                     left.append(p.pid)
-            elif not any(h in " ".join(p.cmdline()) for h in SHARED_HELPERS):
+            elif not shared_helper(p, " ".join(p.cmdline())):
                 left.append(p.pid)
         except psutil.ZombieProcess:
             if zombies:

@@ -79,3 +79,21 @@ def test_a_child_that_lives_on_and_an_unjoined_zombie_child_are_still_reported(
     found = leaks(exit_wait_s=0.5)
     assert f"zombie child pid {exits.pid} (exited, never joined)" in found
     assert [line for line in found if line.startswith(f"child process pid {lives.pid} ")], found
+
+
+@pytest.mark.timeout(60)
+def test_a_forkserver_workers_are_counted_though_they_carry_the_fork_servers_command_line() -> None:
+    # a forkserver worker is forked by the fork server and keeps its command line; only the fork
+    # server itself (our direct child) is the shared helper that outlives the test
+    from process_helpers import workers_left
+
+    import shmloader
+
+    loader = shmloader.DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True,
+                                  multiprocessing_context="forkserver")  # fmt: skip
+    try:
+        next(iter(loader))
+        assert len(workers_left()) >= 2 and any("child process" in line for line in leaks(exit_wait_s=0))
+    finally:
+        loader.close()
+    assert workers_left() == []
