@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from leak_guard import SHM_DIR
+from leak_guard import SHM_DIR, all_segments, dead_owners_since
 from leak_guard import leaks as _leaks
 
 
@@ -32,8 +32,9 @@ def no_leak_per_test():
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leak_in_session():
+    before = all_segments()
     yield
-    leaks = _leaks()
+    leaks = _leaks() + [f"shared-memory segment {n} of a process that died" for n in dead_owners_since(before)]
     if leaks:
         pytest.fail("the test session left behind:\n  " + "\n  ".join(leaks), pytrace=False)
 

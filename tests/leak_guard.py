@@ -18,6 +18,8 @@ import os
 import psutil
 from process_helpers import shared_helper
 
+from shmloader.transport.sweep import leftovers
+
 SHM_DIR = "/dev/shm"
 EXIT_WAIT_S = 20.0  # bounds the wait for a process on its way out; only a real leak waits it out
 
@@ -29,6 +31,19 @@ def our_segments() -> set[str]:
         return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
+
+
+def all_segments() -> set[str]:
+    """The names of every ``shml_`` file in the shared-memory directory, whoever owns it."""
+    return {item.name for item in leftovers(SHM_DIR)}
+
+
+def dead_owners_since(before: set[str]) -> list[str]:
+    """Segments not in ``before`` whose owner is gone (pid dead, lock free): made during the session
+    by a process that died without unlinking them, a child of ours (named for its own pid, which
+    ``our_segments`` does not see) or one of its children. The sweep would remove them for a
+    loader; the suite fails on them instead."""
+    return sorted(item.name for item in leftovers(SHM_DIR) if item.name not in before and not item.owner_alive)
 
 
 def stray_processes() -> list[psutil.Process]:

@@ -9,6 +9,7 @@ The guard must still report what really is left: a child that lives on, an unjoi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -97,3 +98,17 @@ def test_a_forkserver_workers_are_counted_though_they_carry_the_fork_servers_com
     finally:
         loader.close()
     assert workers_left() == []
+
+
+def test_a_segment_left_by_a_process_that_died_is_found() -> None:
+    from leak_guard import SHM_DIR, all_segments, dead_owners_since
+
+    before = all_segments()
+    path = f"{SHM_DIR}/shml_{4_194_304 + 7}_0123456789abcdef"  # above any pid_max: never a live owner
+    with open(path, "wb"):
+        pass
+    try:
+        assert dead_owners_since(before) == [path.rsplit("/", 1)[1]]
+    finally:
+        os.unlink(path)
+    assert dead_owners_since(before) == []
