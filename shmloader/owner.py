@@ -4,15 +4,16 @@ A worker started with ``fork`` inherits a copy of everything the parent held, ga
 batches, leases and their finalizers, rings, iterators, pin backends, CUDA events. When the
 worker's garbage collector later frees that garbage, the finalizers run *in the worker*: a
 segment would be unlinked and unregistered from the resource tracker twice, a CUDA fence would
-be recorded in a process where CUDA was never initialised (SIGABRT). DESIGN.md's rule is that such
-inherited objects are inert. This module is the one way to say so.
+be recorded in a process where CUDA was never initialised (SIGABRT). The ownership rule
+(docs/design/ownership.md) is that such inherited objects are inert. This module is the one way
+to say so.
 
 Owns nothing but the creating pid of each ``ProcessOwner``. Runs in every process. Promises:
 ``owner.here`` is True only in the process that made ``owner``; code that acts on a resource
 (unlink, unregister, fence, close workers) checks it first and does nothing elsewhere. The check
 compares with this process's pid, cached and refreshed in every forked child by
-``os.register_at_fork`` (``getpid()`` is a system call, 0.26–0.45 µs on a 2-core VM; the cached
-compare about 0.03 µs). See docs/design/ownership.md; ``gpu/owned.py`` builds its method guard on
+``os.register_at_fork`` (``getpid()`` is a system call; docs/gpu.md, "Ownership", times it against
+the cached compare). See docs/design/ownership.md; ``gpu/owned.py`` builds its method guard on
 this.
 
 It is also the one place that owns this package's fork hooks (``os.register_at_fork``): besides

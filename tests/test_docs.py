@@ -3,11 +3,19 @@
 Each file's blocks run in order in one fresh namespace (so a later block may use what an earlier
 one defined), with ``__name__ == "__main__"``, from a temporary working directory, with the
 environment restored afterwards. A block whose preceding non-blank line is ``<!-- no-run -->``
-is skipped. Tracebacks name the markdown file and its line numbers."""
+is skipped. Tracebacks name the markdown file and its line numbers.
+
+What the docs name as evidence or as the command behind a figure must exist too: every path under
+tests/, benchmarks/, stress/, examples/, shmloader/ and docs/ (and a ``tests/x.py::test_name``'s
+test), every bare ``test_*.py``, and every option given to a ``python benchmarks/*.py`` or
+``python -m shmloader ...`` command (checked against that command's ``--help``)."""
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +103,78 @@ def test_collector_reports_the_markdown_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rotted") as info:
         run_blocks(doc, python_blocks(doc.read_text(encoding="utf-8")))
     assert info.traceback[-1].lineno + 1 == 5 and str(info.traceback[-1].path) == str(doc)
+
+
+# -- what the docs name exists -------------------------------------------------------------------
+
+PATH = re.compile(r"(?<![\w/.-])((?:tests|benchmarks|stress|examples|shmloader|docs)/[\w./-]*[\w/])(?:::(\w+))?")
+SUBPACKAGE = re.compile(r"(?<![\w/.-])((?:engine|transport|gpu|collate|worker|cli|builtin)/\w+\.py)")
+BARE_TEST = re.compile(r"(?<![\w/.-])(test_\w+\.py)")
+LINK = re.compile(r"\]\(([^)#\s:]+)(?:#[^)]*)?\)")
+COMMAND = re.compile(r"python3? (benchmarks/\w+\.py|-m shmloader(?: (?:bench|doctor|config))?)([^`;#|)>]*)")
+OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+
+
+def named_paths(text: str) -> set[tuple[str, str | None]]:
+    """Each (repository path, test name or None) a markdown text names."""
+    found = {(m.group(1), m.group(2)) for m in PATH.finditer(text)}
+    found |= {(f"shmloader/{m.group(1)}", None) for m in SUBPACKAGE.finditer(text)}
+    return found | {(f"tests/{m.group(1)}", None) for m in BARE_TEST.finditer(text)}
+
+
+def named_options(text: str) -> set[tuple[str, str]]:
+    """Each (command, option) of a documented command line; ``bench --train`` is its own command."""
+    found = set()
+    for line in text.splitlines():
+        for match in COMMAND.finditer(line):
+            command, options = match.group(1), OPTION.findall(match.group(2))
+            if command == "-m shmloader bench" and "--train" in options:
+                command = "-m shmloader bench --train"
+            found |= {(command, option) for option in options}
+    return found
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    missing = []
+    for doc in doc_files():
+        for path, test in sorted(named_paths(doc.read_text(encoding="utf-8")), key=str):
+            target = REPO / path
+            if not target.exists():
+                missing.append(f"{doc.relative_to(REPO)}: {path}")
+            elif test is not None and not re.search(rf"^\s*(async )?def {test}\b", target.read_text(), re.M):
+                missing.append(f"{doc.relative_to(REPO)}: {path}::{test}")
+        for link in LINK.findall(doc.read_text(encoding="utf-8")):
+            if not (doc.parent / link).exists():
+                missing.append(f"{doc.relative_to(REPO)}: link {link}")
+    assert not missing, "named in the docs but not in the repository:\n" + "\n".join(missing)
+
+
+def _help(command: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, *command.split(), "--help"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, f"{command} --help failed: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_every_option_of_a_documented_command_exists() -> None:
+    wanted: dict[str, set[str]] = {}
+    for doc in doc_files():
+        for command, option in named_options(doc.read_text(encoding="utf-8")):
+            wanted.setdefault(command, set()).add(option)
+    assert "-m shmloader bench" in wanted and any(c.startswith("benchmarks/") for c in wanted)
+    unknown = [f"python {command} {option}" for command, options in sorted(wanted.items())
+               for option in sorted(options - set(OPTION.findall(_help(command))))]
+    assert not unknown, "options the docs give that the command does not have:\n" + "\n".join(unknown)
+
+
+def test_the_name_collectors_see_what_they_should(tmp_path: Path) -> None:
+    text = ("See tests/test_x.py::test_y, `benchmarks/ab.py`. and test_z.py; not stress/ alone; `engine/wait.py`.\n"
+            "`python -m shmloader bench --train --steps 3` and `python benchmarks/ab.py HEAD --rounds 9 # --no`\n"
+            "| `python -m shmloader bench --workers 0,2 > out.json --not-this` |")
+    assert named_paths(text) == {("tests/test_x.py", "test_y"), ("benchmarks/ab.py", None), ("tests/test_z.py", None),
+                                 ("shmloader/engine/wait.py", None)}
+    assert LINK.findall("[a](design/x.md), [b](x.md#part), [c](https://e.org/y)") == ["design/x.md", "x.md"]
+    assert named_options(text) == {("-m shmloader bench --train", "--train"), ("-m shmloader bench --train", "--steps"),
+                                   ("benchmarks/ab.py", "--rounds"), ("-m shmloader bench", "--workers")}

@@ -201,7 +201,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
 
     def _foreign_error(self, call: str) -> LoaderError:
         """A process forked off the one that made this iterator may not use it: its workers, pipes
-        and slots are the creator's (DESIGN.md: an object is used only by the process that made it)."""
+        and slots are the creator's (docs/design/ownership.md)."""
         return LoaderError(f"{call} on a loader iterator made by process {self._creator.pid}, in process "
                            f"{os.getpid()} (forked from it): its workers and slots belong to that process. "
                            "Make a new DataLoader (or iterator) in this process.")

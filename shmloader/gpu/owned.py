@@ -1,5 +1,5 @@
 """Ownership of the GPU handoff's objects: a backend, its events and the prefetcher act only in the
-process that created them (issue 13, DESIGN.md "Ownership rules").
+process that created them (issue 13, docs/design/ownership.md).
 
 A worker started with ``fork`` inherits the parent's pin backend, its CUDA events, the device
 prefetcher's pending copies and every batch whose lease still references them. When the worker's

@@ -195,7 +195,7 @@ class Ring(SlotGrowth):
         self._make_free(slot)
 
     def _check(self, slot: Slot, owner: Hashable, action: str, *states: SlotState) -> None:
-        """Refuse a transition by a party that does not hold the slot (DESIGN.md's ownership rule)."""
+        """Refuse a transition by a party that does not hold the slot (docs/design/ownership.md)."""
         if slot.owner != owner or slot.state not in states or self.slots[slot.id] is not slot:
             raise SlotOwnershipError(
                 f"refused to {action} slot {slot.id} for task {owner!r}: the slot is {slot.state.value}"
