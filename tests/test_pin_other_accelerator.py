@@ -40,9 +40,10 @@ def test_with_workers_another_accelerator_gets_batches_pinned_by_a_copy(monkeypa
 
 
 @pytest.mark.timeout(60)
-def test_an_explicit_none_backend_copies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", ["none", "mlock"])
+def test_an_explicitly_named_backend_copies_nothing(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     host = _faked(monkeypatch, accelerator=True)
-    monkeypatch.setenv("SHMLOADER_PIN_BACKEND", "none")
+    monkeypatch.setenv("SHMLOADER_PIN_BACKEND", backend)
     loader = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True, num_workers=2)
     batches: list[Any] = list(loader)
     assert len(batches) == 2 and host.buffers == []
