@@ -17,6 +17,7 @@ from shmloader.cli.options import open_descriptors
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # torch's 30-workers warning, expected
 def test_workers_past_the_open_file_limit_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = open_descriptors() + 40  # room for a few workers, not for 30
