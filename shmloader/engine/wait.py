@@ -33,6 +33,7 @@ from shmloader.engine.workers import WorkerHandle, join_killed
 from shmloader.errors import describe_exit
 from shmloader.kept import keep
 from shmloader.log import logger
+from shmloader.state import EpochRecord
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS
 from shmloader.transport.segment import page_round
@@ -55,6 +56,7 @@ class WaitAndRecover:
     _plan: Any
     _policy: faults.FaultPolicy
     _epoch: int
+    _record: EpochRecord  # the epoch's record (BaseIter): which tasks are done
     _iterable: bool
     _restarts: int
     _slot_bytes: int
@@ -252,9 +254,17 @@ class WaitAndRecover:
             self._reorder.put(rec.task, (rec, msg))  # raised when it is due, as torch raises it
         elif isinstance(msg, Exhausted):
             w.exhausted = True
-            self._reorder.skip(rec.task)
+            self._ran_out(rec.task)
             if all(h.exhausted for h in self._pool.workers):
                 self._sampler_done = True
+
+    def _ran_out(self, task: int) -> None:
+        """Task ``task`` found its worker's share of an iterable dataset ended: it has no batch. It is
+        passed over when due, and the epoch's record counts it done, as a delivered one: else the
+        record's ``[0, low)`` stopped below it and every later task of the (possibly endless) epoch
+        was kept one by one above it (tests/test_leak_uneven_shards.py)."""
+        self._reorder.skip(task)
+        self._record.delivered.add(task)
 
     def _regrow(self, w: WorkerHandle, rec: TaskRecord, needed: int) -> None:
         """The batch did not fit: a larger slot for this task (and every later one), same worker.
@@ -369,7 +379,7 @@ class WaitAndRecover:
                 self._ledger.release(rec)  # an abandoned epoch's task: not worth running again
             elif new.exhausted:  # what its reply would have been: Exhausted (worker.fetch)
                 self._ledger.release(rec)
-                self._reorder.skip(rec.task)
+                self._ran_out(rec.task)
             else:
                 self._send(new, rec)
         self._observe(self._plan.events.worker_restarted, new.id, new.pid, w.pid)  # its tasks are sent first
