@@ -47,7 +47,9 @@ from shmloader.engine.payload import pickled_spec
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
 
-_JOIN_TIMEOUT_S = 1.0
+# torch joins each worker for MP_STATUS_CHECK_INTERVAL (5 s) before it terminates it: a worker on its
+# way out runs its cleanup (finalizers, a spawned interpreter's teardown, a second with torch imported)
+_JOIN_TIMEOUT_S = 5.0
 _KILL_TIMEOUT_S = 1.0
 # After SIGKILL: a worker in uninterruptible sleep (a read from a hung network file system) exits only
 # when the kernel lets it; close() and the fault path must not wait for that for ever.
