@@ -20,7 +20,6 @@ from shmloader.errors import StateError
 from shmloader.state_objects import PATHS
 
 _SEED_LIMIT = 1 << 64  # base seeds are drawn as torch draws them: 64-bit unsigned
-OBJECTS = PATHS  # where the loader objects saved through their state_dict sit
 
 
 def check_fields(state: Mapping[str, Any]) -> None:
@@ -28,7 +27,7 @@ def check_fields(state: Mapping[str, Any]) -> None:
     _expect(isinstance(state["config"], Mapping), "config", state["config"], "a mapping")
     _expect(isinstance(state["objects"], Mapping), "objects", state["objects"], "a mapping")
     for name in state["objects"]:  # a foreign name would reach any loader attribute (``__class__``)
-        _expect(name in OBJECTS, "objects", name, f"a mapping with keys among {', '.join(OBJECTS)}")
+        _expect(name in PATHS, "objects", name, f"a mapping with keys among {', '.join(PATHS)}")
     for name in ("epoch", "yielded"):
         _expect(_count(state[name]), name, state[name], "an integer >= 0")
     _expect(type(state["in_progress"]) is bool, "in_progress", state["in_progress"], "true or false")

@@ -13,11 +13,11 @@ import psutil
 SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
 
 
-def shared_helper(p: psutil.Process, cmdline: str) -> bool:
-    """Whether ``p`` (command line ``cmdline``) is one of multiprocessing's shared helpers: our
-    direct child running one. A forkserver worker keeps the fork server's command line but is the
-    fork server's child: a worker, counted."""
-    return any(h in cmdline for h in SHARED_HELPERS) and p.ppid() == os.getpid()
+def shared_helper(p: psutil.Process, cmdline: str, parent: int | None = None) -> bool:
+    """Whether ``p`` (command line ``cmdline``) is one of multiprocessing's shared helpers: a direct
+    child of ``parent`` (default: this process) running one. A forkserver worker keeps the fork
+    server's command line but is the fork server's child: a worker, counted."""
+    return any(h in cmdline for h in SHARED_HELPERS) and p.ppid() == (os.getpid() if parent is None else parent)
 
 
 def workers_left(zombies: bool = False) -> list[int]:

@@ -24,22 +24,22 @@ from typing import Any
 import fault_datasets as fd
 import psutil
 import pytest
-from process_helpers import until
+from process_helpers import shared_helper, until
 
 from shmloader import DataLoader
 from shmloader.engine.wait import WaitAndRecover
 
 SHM_DIR = "/dev/shm"
-HELPERS = ("resource_tracker", "forkserver")
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def workers_of(pid: int | None = None) -> list[psutil.Process]:
     """Child processes of ``pid`` (default: this process), multiprocessing's helpers excepted."""
     found = []
-    for p in psutil.Process(pid).children(recursive=True):
+    root = psutil.Process(pid)
+    for p in root.children(recursive=True):
         try:
-            if not any(h in " ".join(p.cmdline()) for h in HELPERS):
+            if not shared_helper(p, " ".join(p.cmdline()), parent=root.pid):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             found.append(p)  # already exited but not reaped: a zombie is a leak too
