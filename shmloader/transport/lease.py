@@ -4,8 +4,8 @@ Owns every lease not yet fired (``LIVE``), each a weak reference to a lease buff
 buffer over a whole slot that every array of a batch is a view of) with its ring's queue and the
 slot's serial. Runs in the main process; the finalizer in whatever thread drops the last view.
 Promises: a lease fires at most once, outlives its ring, never fires at interpreter exit, never
-raises, queues its slot even when a Ctrl-C lands in it (the slot then counts as spent; Python
-itself swallows an exception raised in a weakref callback, the Ctrl-C with it), and does nothing
+raises, queues its slot even when a Ctrl-C lands in it (the slot then counts as spent, and the
+Ctrl-C, which Python would swallow in a weakref callback, is delivered again), and does nothing
 outside the process that made it (``owner.ProcessOwner``). What it
 queues says whether other code forked the process while the batch was held
 (``owner.forked_since``): such a slot is *spent*, its segment retired, never written again
@@ -14,7 +14,9 @@ queues says whether other code forked the process while the batch was held
 
 from __future__ import annotations
 
+import _thread
 import atexit
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -80,8 +82,25 @@ LIVE: dict[int, Lease] = {}  # id -> every lease not yet fired
 
 
 def lease_died(lease: Lease, _pop: Callable = LIVE.pop) -> None:
-    if _pop(id(lease), None) is not None:  # None: dropped at exit, or fired already
-        _on_release(*lease.args)
+    """The weakref callback. A Ctrl-C that lands in it, which Python would print and swallow here,
+    is delivered again (:func:`_interrupt_again`)."""
+    try:
+        if _pop(id(lease), None) is not None:  # None: dropped at exit, or fired already
+            _on_release(*lease.args)
+    except KeyboardInterrupt:
+        _interrupt_again()
+
+
+REDELIVER_S = 0.02  # long enough for the callback to have returned: SIGINT's handler runs at once
+
+
+def _interrupt_again() -> None:
+    """Run SIGINT's handler in the main thread (``_thread.interrupt_main``, a KeyboardInterrupt with
+    Python's default one) :data:`REDELIVER_S` from now, from a daemon timer: called in the callback
+    itself, the handler would run before the callback returned, and be swallowed again."""
+    timer = threading.Timer(REDELIVER_S, _thread.interrupt_main)
+    timer.daemon = True
+    timer.start()
 
 
 @atexit.register
