@@ -29,6 +29,7 @@ from shmloader.cli.findings import INFO, OK, PROBLEM, WARNING, Finding
 from shmloader.cli.options import int_at_least
 from shmloader.config import Config
 from shmloader.config_fields import parse_size
+from shmloader.rlimits import soft_limit
 from shmloader.transport.preflight import CONSUMER_SLOTS, ring_slots
 from shmloader.transport.sweep import leftovers, sweep_dead_segments
 
@@ -190,20 +191,14 @@ def check_huge_pages(shm_dir: str, mounts_file: str = "/proc/mounts") -> Finding
 
 def check_memlock(plan: RingPlan, pin_memory: bool) -> Finding:
     """RLIMIT_MEMLOCK against the ring, for page locking (mlock) of the slots."""
-    try:
-        import resource
-    except ImportError:
-        return Finding("memlock", INFO, "RLIMIT_MEMLOCK is not available on this platform")
-    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    if soft == resource.RLIM_INFINITY:
-        return Finding("memlock", OK, "RLIMIT_MEMLOCK is unlimited")
-    text = f"RLIMIT_MEMLOCK soft limit {format_bytes(soft)}; the ring is {format_bytes(plan.ring_bytes)}"
-    if soft >= plan.ring_bytes:
+    limit = soft_limit("RLIMIT_MEMLOCK")
+    if limit.value is None:
+        return Finding("memlock", OK if limit.unlimited else INFO, limit.describe())
+    text = f"{limit.describe(format_bytes)}; the ring is {format_bytes(plan.ring_bytes)}"
+    if limit.value >= plan.ring_bytes:
         return Finding("memlock", OK, text)
     return Finding("memlock", WARNING if pin_memory else INFO,
-                   text + ": mlock can lock only part of the ring",
-                   "raise it (ulimit -l unlimited, memlock in limits.conf, docker --ulimit memlock=-1) "
-                   "if you pin without CUDA")
+                   text + ": mlock can lock only part of the ring", limit.remedy() + " if you pin without CUDA")
 
 
 def check_start_methods(config: Config) -> Finding:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from shmloader.cli.plot import plot_target
 from shmloader.cli.records import SPREAD_RULE
 from shmloader.cli.workloads import WORKLOADS, Workload
+from shmloader.rlimits import soft_limit
 
 __all__ = ["Options", "parse_args", "START_METHODS", "DEFAULT_REPEAT", "FDS_PER_WORKER", "check_dataset_length",
            "int_at_least", "open_descriptors", "refuse_unstartable_workers", "startable_workers"]
@@ -175,17 +176,13 @@ def open_descriptors() -> int:
 def startable_workers() -> int:
     """The most worker processes this process could start now: the room its open-file limit
     (RLIMIT_NOFILE) leaves for :data:`FDS_PER_WORKER` descriptors each, and its process limit
-    (RLIMIT_NPROC); sys.maxsize where the platform has neither."""
-    try:
-        import resource
-    except ImportError:  # not a POSIX system
-        return sys.maxsize
+    (RLIMIT_NPROC), as ``shmloader.rlimits`` reads them; sys.maxsize where neither bounds it."""
     most = sys.maxsize
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if nofile != resource.RLIM_INFINITY:
+    nofile = soft_limit("RLIMIT_NOFILE").value
+    if nofile is not None:
         most = max(0, nofile - open_descriptors()) // FDS_PER_WORKER
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0] if hasattr(resource, "RLIMIT_NPROC") else -1
-    if nproc != resource.RLIM_INFINITY and nproc >= 0:
+    nproc = soft_limit("RLIMIT_NPROC").value
+    if nproc is not None:
         most = min(most, nproc)
     return most
 

@@ -30,21 +30,20 @@ class Progress:
 
     def step(self, description: str) -> None:
         """Mark the previous step done and announce the next one."""
-        if self._bar is not None:
-            self._bar.update(self._done - self._bar.n)
-            self._bar.set_description_str(description)
-        else:
-            self._stream.write(f"[{self._done + 1}/{self._total}] {description}\n")
-            self._stream.flush()
+        self._show(description, f"[{self._done + 1}/{self._total}] {description}")
         self._done += 1
 
     def note(self, description: str) -> None:
         """Announce extra work that is not one of the counted steps."""
+        self._show(description, description)
+
+    def _show(self, description: str, line: str) -> None:
+        """``description`` on the bar, brought up to the steps done; without tqdm, ``line`` alone."""
         if self._bar is not None:
             self._bar.update(self._done - self._bar.n)
             self._bar.set_description_str(description)
         else:
-            self._stream.write(f"{description}\n")
+            self._stream.write(f"{line}\n")
             self._stream.flush()
 
     def __enter__(self) -> Progress:

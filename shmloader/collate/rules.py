@@ -203,11 +203,7 @@ def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
 
 def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python floats: a float64 array; anything numpy cannot make a number raises TypeError."""
-    if set(map(type, batch)) <= _PY_NUMBERS:
-        out = ctx.alloc((len(batch),), _FLOAT64)
-        out[...] = batch
-        return out
-    return _write_numbers(batch, "floats", "biuf", _FLOAT64, ctx)
+    return _write_scalars(batch, _PY_NUMBERS, "floats", "biuf", _FLOAT64, ctx)
 
 
 _INT_KINDS = {"b": None, "i": np.dtype(np.int64), "u": None, "f": np.dtype(np.float64)}
@@ -227,11 +223,7 @@ def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
 
 def collate_complex(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python complex numbers: a complex128 array (torch's default_collate rejects them)."""
-    if set(map(type, batch)) <= _PY_COMPLEX:
-        out = ctx.alloc((len(batch),), _COMPLEX128)
-        out[...] = batch
-        return out
-    return _write_numbers(batch, "complex numbers", "biufc", _COMPLEX128, ctx)
+    return _write_scalars(batch, _PY_COMPLEX, "complex numbers", "biufc", _COMPLEX128, ctx)
 
 
 def _numbers_array(batch: Sequence[Any], what: str, kinds: str, ctx: CollateContext) -> np.ndarray:
@@ -250,6 +242,19 @@ def _not_numbers(batch: Sequence[Any], what: str, detail: str, ctx: CollateConte
         f"cannot collate a batch of {what} with {type(batch[0])} first into one array: "
         f"{detail} (at {ctx.path})"
     )
+
+
+def _write_scalars(
+    batch: Sequence[Any], python_types: frozenset[type], what: str, kinds: str, dtype: np.dtype,
+    ctx: CollateContext,
+) -> np.ndarray:
+    """Numbers whose types are all ``python_types``: written straight into one ``dtype`` array;
+    others (numpy scalars among them) through :func:`_write_numbers`, which checks them."""
+    if set(map(type, batch)) <= python_types:
+        out = ctx.alloc((len(batch),), dtype)
+        out[...] = batch
+        return out
+    return _write_numbers(batch, what, kinds, dtype, ctx)
 
 
 def _write_numbers(

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import errno
 
+from shmloader.rlimits import LimitName, soft_limit
+
 __all__ = ["explain"]
 
-_LIMITS = {  # errno -> (the resource limit it most likely is, the shell command that shows it)
-    errno.EMFILE: ("RLIMIT_NOFILE", "ulimit -n"),
-    errno.ENFILE: ("RLIMIT_NOFILE", "ulimit -n"),
-    errno.EAGAIN: ("RLIMIT_NPROC", "ulimit -u"),
+_LIMITS: dict[int, LimitName] = {  # errno -> the resource limit it most likely is
+    errno.EMFILE: "RLIMIT_NOFILE",
+    errno.ENFILE: "RLIMIT_NOFILE",
+    errno.EAGAIN: "RLIMIT_NPROC",
 }
 
 
@@ -24,17 +26,9 @@ def explain(exc: OSError, worker_id: int, num_workers: int) -> OSError | None:
     if exc.errno not in _LIMITS and exc.errno != errno.ENOMEM:
         return None
     text = f"could not start worker {worker_id} of num_workers={num_workers}: {exc.strerror}"
-    if exc.errno in _LIMITS:
-        name, command = _LIMITS[exc.errno]
-        text += f" (soft limit {name} = {_soft_limit(name)}; '{command}' shows it)"
-    text += ": lower num_workers (or prefetch_factor), or raise the limit"
-    return type(exc)(exc.errno, text)
+    if exc.errno not in _LIMITS:  # ENOMEM: memory, no limit of this process's to name
+        return type(exc)(exc.errno, text + ": lower num_workers (or prefetch_factor), or raise the limit")
+    limit = soft_limit(_LIMITS[exc.errno])
+    return type(exc)(exc.errno, f"{text} ({limit.describe()}): lower num_workers (or prefetch_factor), "
+                                f"or {limit.remedy()}")
 
-
-def _soft_limit(name: str) -> str:
-    try:
-        import resource
-    except ImportError:  # not a POSIX system
-        return "unknown"
-    soft = resource.getrlimit(getattr(resource, name))[0]
-    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from shmloader.gpu.backends import RegisteringBackend
+from shmloader.rlimits import soft_limit
 
 __all__ = ["MlockBackend", "memlock_limit_text"]
 
@@ -49,13 +50,6 @@ class MlockBackend(RegisteringBackend):
 
 
 def memlock_limit_text() -> str:
-    """RLIMIT_MEMLOCK in words, with how to raise it."""
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    except (ImportError, OSError):
-        return "RLIMIT_MEMLOCK is unknown here"
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
-    return (f"RLIMIT_MEMLOCK is {limit}: raise it (ulimit -l unlimited, memlock in limits.conf, "
-            "docker --ulimit memlock=-1) to lock the whole ring")
+    """RLIMIT_MEMLOCK in words (``shmloader.rlimits``), with how to raise it."""
+    limit = soft_limit("RLIMIT_MEMLOCK")
+    return f"{limit.describe()}: {limit.remedy()} to lock the whole ring"

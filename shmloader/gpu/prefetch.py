@@ -1,6 +1,7 @@
 """The device prefetcher: batches arrive already on the device, copied while the model works.
 
-Owns :func:`to_device` and :class:`DevicePrefetcher`. One step, for batch k of a loader::
+Owns :func:`to_device` and :class:`DevicePrefetcher`; the iterator of one epoch and the batches it
+has in flight are :mod:`shmloader.gpu.prefetch_epoch`'s. One step, for batch k of a loader::
 
     loader ──batch k+1 (views of a pinned slot)──▶ copy on a side stream ──▶ event k+1
     caller's stream ──waits on event k──▶ the caller gets batch k on the device
@@ -32,17 +33,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from shmloader import state as _state
 from shmloader.gpu.backends import Event, Transfer, as_tensor
 from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
-from shmloader.kept import call_each, keep
+from shmloader.gpu.prefetch_epoch import DONE, Copy, Epoch, Mark
+from shmloader.kept import call_each
 
 __all__ = ["DevicePrefetcher", "to_device"]
 
@@ -58,42 +58,6 @@ def to_device(loader: Iterable[Any], device: Any, non_blocking: bool = True, *,
     ``max_held``: unfinished copies allowed before the host waits for the oldest.
     """
     return DevicePrefetcher(loader, device, non_blocking, transfer=transfer, max_held=max_held)
-
-
-class _Copy:
-    """One batch in flight: its source (which holds the slot lease), its copy and the event
-    (``_UNCOPIED`` until the copy is enqueued: a Ctrl-C inside the copy leaves it so), and the
-    mark from before it was read (where the state stands while it is copied again)."""
-
-    __slots__ = ("source", "moved", "event", "mark")
-    moved: Any  # set with the event, and read only once the event is
-
-    def __init__(self, source: Any, mark: _Mark | None) -> None:
-        self.source, self.mark = source, mark
-        self.event: Event = _UNCOPIED
-
-
-class _Mark:
-    """Where the loader's epoch stood before a look-ahead read: enough to rebuild its record.
-
-    Taken once per batch, so it copies only what changes during an epoch (the delivered tasks,
-    the count yielded, whether it finished); the record itself is rebuilt only by ``state_dict``.
-    """
-
-    __slots__ = ("save", "record", "low", "above", "yielded", "finished")
-
-    def __init__(self, save: Callable[[_state.EpochRecord], dict[str, Any]], record: _state.EpochRecord) -> None:
-        delivered = record.delivered
-        self.save, self.record, self.low = save, record, delivered.low
-        self.above = tuple(delivered.above) if delivered.above else ()
-        self.yielded, self.finished = record.yielded, record.finished
-
-    def state(self) -> dict[str, Any]:
-        delivered = _state.TaskSet()
-        delivered.low = self.low
-        delivered.above.update(self.above)
-        record = replace(self.record, delivered=delivered, yielded=self.yielded, finished=self.finished)
-        return self.save(record)
 
 
 def leaf_to(leaf: Any, device: str, non_blocking: bool) -> Any:
@@ -113,22 +77,10 @@ class _SyncTransfer:
         return None
 
     def copy(self, batch: Any, device: str, stream: Any, non_blocking: bool) -> tuple[Any, Event]:
-        return map_batch(batch, lambda x: leaf_to(x, device, non_blocking)), _DONE
+        return map_batch(batch, lambda x: leaf_to(x, device, non_blocking)), DONE
 
     def wait(self, moved: Any, event: Event, device: str) -> None:
         return None
-
-
-class _Done:
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-
-_DONE = _Done()
-_UNCOPIED = _Done()  # the event of a batch read whose copy is not enqueued: there is nothing to wait for
 
 
 def device_name(device: Any) -> str:
@@ -189,17 +141,17 @@ class DevicePrefetcher(Owned):
         self.non_blocking = non_blocking
         self.max_held = max_held
         self._transfer = transfer
-        self.held: deque[_Copy] = deque()  # yielded batches whose copy may still read their slot
+        self.held: deque[Copy] = deque()  # yielded batches whose copy may still read their slot
         # Where the loader's epoch stood before the latest look-ahead read (None: no epoch under
         # way here, the loader's own state is right); and after it, when that read raised.
-        self._mark: _Mark | None = None
-        self.failed_mark: _Mark | None = None
+        self._mark: Mark | None = None
+        self.failed_mark: Mark | None = None
 
     def __len__(self) -> int:
         return len(self.source)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        return _Epoch(self)
+        return Epoch(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's ``state_dict()`` as of the batch the caller last received (not the one
@@ -211,7 +163,11 @@ class DevicePrefetcher(Owned):
             raise TypeError(f"{type(self.source).__name__} has no state_dict(): only a loader's position can be saved")
         return state_dict()  # type: ignore[no-any-return]
 
-    def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[_Copy],
+    def _epoch_transfer(self) -> Transfer:
+        """The stream/event implementation of a new epoch: the one given, else :func:`transfer_for`."""
+        return self._transfer or transfer_for(self.source, self.device)
+
+    def _start(self, batches: Iterator[Any], transfer: Transfer, stream: Any, pending: deque[Copy],
                save: Callable[[_state.EpochRecord], dict[str, Any]] | None) -> bool:
         """Read the next batch and enqueue its copy (False: the epoch has no more); first mark
         where the loader's epoch stood. The batch is pending from its read on: a Ctrl-C inside
@@ -219,7 +175,7 @@ class DevicePrefetcher(Owned):
         record = getattr(batches, "_record", None)  # a loader's iterator keeps its epoch record
         mark = None
         if save is not None and isinstance(record, _state.EpochRecord):
-            mark = functools.partial(_Mark, save, record)
+            mark = functools.partial(Mark, save, record)
             self._mark = mark()
         self.failed_mark = None
         try:
@@ -229,18 +185,18 @@ class DevicePrefetcher(Owned):
         except Exception:  # the batch's error: once raised, the epoch stands after it (it is delivered)
             self.failed_mark = mark() if mark is not None else None
             raise
-        pending.append(_Copy(source, self._mark))
+        pending.append(Copy(source, self._mark))
         self._copy(pending, transfer, stream)
         return True
 
-    def _copy_again(self, pending: deque[_Copy], transfer: Transfer, stream: Any) -> None:
+    def _copy_again(self, pending: deque[Copy], transfer: Transfer, stream: Any) -> None:
         """Copy the batch read last, whose copy a Ctrl-C or SystemExit cut short. The loader
         counts it handed over already: the state stands where it stood before its read."""
         self._mark = pending[-1].mark
         self.failed_mark = None
         self._copy(pending, transfer, stream)
 
-    def _copy(self, pending: deque[_Copy], transfer: Transfer, stream: Any) -> None:
+    def _copy(self, pending: deque[Copy], transfer: Transfer, stream: Any) -> None:
         """Enqueue the copy of the batch read last. A ``BaseException`` (Ctrl-C) leaves it pending,
         uncopied; the copy's own error (a CUDA error) lets it go as the error passes."""
         copy = pending[-1]
@@ -263,139 +219,17 @@ class DevicePrefetcher(Owned):
             held.popleft()
 
     @owner_only()
-    def _drain(self, pending: deque[_Copy]) -> None:
+    def _drain(self, pending: deque[Copy]) -> None:
         """End of the epoch or an early stop: every copy finishes before its slot is let go.
         Inert in a process that inherited this prefetcher (its copies are not this process's)."""
-        try:  # every copy, even after a wait raised (_UNCOPIED, a copy a Ctrl-C cut short: no wait)
+        try:  # every copy, even after a wait raised (UNCOPIED, a copy a Ctrl-C cut short: no wait)
             call_each((*self.held, *pending), _synchronize)
         finally:
             self.held.clear()
             pending.clear()
 
 
-def _abandon(batches: Iterator[Any], source: Any) -> None:
-    """Close the iterator an epoch made on ``source`` and cannot use: not ``source`` itself (a
-    generator the caller passed) nor a loader's persistent iterator, whose workers are the loader's."""
-    close = getattr(batches, "close", None)
-    if callable(close) and batches is not source and batches is not getattr(source, "_iterator", None):
-        close()
-
-
-def _synchronize(copy: _Copy) -> None:
+def _synchronize(copy: Copy) -> None:
     copy.event.synchronize()
 
 
-class _Epoch:
-    """One epoch of a prefetcher: batch k is handed out while batch k+1 is read and copied.
-
-    Owns the copies read but not yet handed out (``pending``) and, until it is handed out, an
-    error the loader raised while batch k+1 was read ahead: batch k (loaded fine) comes first, the
-    error at the next ``next()``, and the epoch goes on after it, as it does on the loader itself.
-    A ``BaseException`` there (``KeyboardInterrupt``, ``SystemExit``) is raised at once, but batch k
-    stays pending: it is the next batch handed out, its source is let go only once its copy is done,
-    and ``state_dict()`` stands before it. So does batch k+1 when such an exception lands inside
-    its copy, after the loader handed it over: it stays pending, uncopied, and is copied again at
-    the next ``next()`` (``_read``), which hands out k, then k+1 in its place. One in the host wait
-    past ``max_held`` right after k was made ready keeps k (``ready``): the next ``next()`` hands it out.
-    When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
-    let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
-    """
-
-    def __init__(self, pre: DevicePrefetcher) -> None:
-        pre._mark = None
-        self.pre = pre
-        self.batches = iter(pre.source)  # first: a loader picks its pin backend when it starts
-        try:
-            self.transfer = pre._transfer or transfer_for(pre.source, pre.device)
-            self.stream = self.transfer.new_stream(pre.device)
-        except BaseException:  # e.g. "cuda:1" with one device: stop what the epoch started
-            _abandon(self.batches, pre.source)
-            raise
-        self.pending: deque[_Copy] = deque()
-        self.save = getattr(self.batches, "state_of", None)  # a loader's iterator: its state as of a record
-        self.error: BaseException | None = None
-        self.error_mark: _Mark | None = None  # where the epoch stands once ``error`` is raised
-        # (the mark after k) once k+1 is read but a Ctrl-C cut the wait for k short: not read again
-        self.ahead: tuple[_Mark | None] | None = None
-        self.done = False
-        # batch k, moved, with the mark after it, when the wait after its hand-out raised: the next one out
-        self.ready: tuple[Any, _Mark | None] | None = None
-        self._drain = weakref.finalize(self, pre._drain, self.pending)
-        self._drain.atexit = False  # no device work during interpreter teardown
-
-    def __iter__(self) -> _Epoch:
-        return self
-
-    def close(self) -> None:
-        """Stop early (as a generator's ``close``): every copy finishes, then the slots are let go.
-        Inert in a process that inherited this iterator."""
-        self.done = True
-        self.error = self.ready = None
-        self._drain()
-
-    def __next__(self) -> Any:
-        pre, pending = self.pre, self.pending
-        if self.ready is not None:  # made ready, but the wait after it raised before the caller got it
-            (moved, pre._mark), self.ready = self.ready, None
-            return moved
-        if not pending or pending[0].event is _UNCOPIED:  # nothing read ahead, or its copy was cut short
-            if self.error is not None:  # read ahead while the batch before it was in the caller's hands
-                exc, self.error = self.error, None
-                pre._mark = self.error_mark  # handed out as its error: the state is after it now
-                try:
-                    raise exc
-                finally:
-                    del exc  # else its traceback holds this frame, which holds it: a cycle only the collector frees
-            try:
-                self._read()  # an error here has no batch before it to wait for: raised now
-            except Exception:
-                pre._mark = pre.failed_mark
-                raise
-            if not pending:
-                self._end()
-                raise StopIteration
-        current = pending[0]  # stays pending until it is handed out: an interrupt must not cost it
-        mark = pre._mark
-        if self.ahead is None:
-            pre._release_finished()  # before the read: the loader may need those slots for it
-            try:
-                self._read()  # k+1 copies during k's work
-            except Exception as exc:  # the loader's error for batch k+1: batch k first
-                self.error, self.error_mark = keep(exc), pre.failed_mark
-            except BaseException:  # Ctrl-C, SystemExit: batch k is still the next one, its copy is
-                pre._mark = mark  # still covered (pending is drained), and the caller has k-1 batches
-                raise
-        else:  # k+1 was read before a Ctrl-C cut the wait for k short: the state stands after k again
-            (pre._mark,), self.ahead = self.ahead, None
-        moved = current.moved
-        try:
-            self.transfer.wait(moved, current.event, pre.device)
-        except Exception:  # the wait's own error: k goes as it passes, its source kept until its copy is done
-            pending.popleft()
-            current.moved = None
-            pre.held.append(current)
-            raise
-        except BaseException:  # Ctrl-C, SystemExit: k stays the next batch, k+1 stays read ahead
-            self.ahead, pre._mark = (pre._mark,), mark
-            raise
-        pending.popleft()
-        current.moved = None
-        pre.held.append(current)
-        del current
-        try:
-            pre._release_finished()
-        except BaseException:  # a Ctrl-C in the wait past max_held: k is still the caller's next batch
-            self.ready, pre._mark = (moved, pre._mark), mark
-            raise
-        return moved
-
-    def _read(self) -> None:
-        pending = self.pending
-        if pending and pending[-1].event is _UNCOPIED:  # read, but a Ctrl-C cut its copy short: copy it again
-            self.pre._copy_again(pending, self.transfer, self.stream)
-        elif not self.done:
-            self.done = not self.pre._start(self.batches, self.transfer, self.stream, pending, self.save)
-
-    def _end(self) -> None:
-        self.pre._mark = None  # the epoch ended: the loader's state (the next epoch's start) is right
-        self._drain()

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 
 from shmloader.errors import ShmSpaceError
+from shmloader.rlimits import soft_limit
 
 
 def shm_free_bytes(shm_dir: str) -> int | None:
@@ -93,11 +94,8 @@ def held_space_error(exc: ShmSpaceError, slots: int, held: int) -> ShmSpaceError
 
 def _descriptors_error(exc: OSError, shm_dir: str) -> OSError:
     """Out of file descriptors while making a segment: the same errno, and what to do about it."""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = "the system's limit" if exc.errno == errno.ENFILE else f"this process's limit, ulimit -n: {soft}"
+    nofile = soft_limit("RLIMIT_NOFILE")
+    limit = "the system's limit" if exc.errno == errno.ENFILE else f"this process's {nofile.describe()}"
     return OSError(exc.errno, f"cannot create a shared-memory segment in {shm_dir}: too many open files ({limit}). "
                    "Each slot keeps one descriptor open, and each batch you hold keeps its slot: hold fewer "
-                   "batches at once (copy what you keep, e.g. batch.copy()), or raise the limit (ulimit -n, "
-                   "resource.setrlimit(resource.RLIMIT_NOFILE, ...))", exc.filename)
+                   f"batches at once (copy what you keep, e.g. batch.copy()), or {nofile.remedy()}", exc.filename)
