@@ -18,6 +18,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from shmloader.errors import ConfigError, NumWorkersError, PrefetchFactorError, TimeoutWithoutWorkersError
+from shmloader.samplers import check_positive_int
 
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
@@ -172,11 +173,11 @@ def check_sampling(is_iterable: bool, batch_size: Any, shuffle: Any, sampler: An
         if drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
                              "with drop_last")
-    elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
-    elif batch_size > sys.maxsize:  # torch: a ValueError from itertools.islice at the first next()
-        raise ValueError(f"batch_size={batch_size} is more samples than a batch can hold "
-                         f"(at most sys.maxsize={sys.maxsize})")
+    else:
+        check_positive_int("batch_size", batch_size)
+        if batch_size > sys.maxsize:  # torch: a ValueError from itertools.islice at the first next()
+            raise ValueError(f"batch_size={batch_size} is more samples than a batch can hold "
+                             f"(at most sys.maxsize={sys.maxsize})")
     return batch_size, bool(shuffle), drop_last
 
 

@@ -41,6 +41,13 @@ __all__ = [
 T_co = TypeVar("T_co", covariant=True)
 
 
+def check_positive_int(name: str, value: object) -> None:
+    """torch's check of a count (``batch_size``, ``num_samples``): an int, not a bool, above 0;
+    else its ValueError, word for word."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer value, but got {name}={value}")
+
+
 class Sampler(Generic[T_co], metaclass=TorchTwinMeta):
     """Base class: subclasses implement ``__iter__`` (indices or lists of indices), usually ``__len__``."""
 
@@ -185,15 +192,7 @@ class WeightedRandomSampler(_GeneratorMixin, Sampler[int]):
         replacement: bool = True,
         generator: _generators.RandomSource = None,
     ) -> None:
-        if (
-            not isinstance(num_samples, int)
-            or isinstance(num_samples, bool)
-            or num_samples <= 0
-        ):
-            raise ValueError(
-                "num_samples should be a positive integer value, "
-                f"but got num_samples={num_samples}"
-            )
+        check_positive_int("num_samples", num_samples)
         if not isinstance(replacement, bool):
             raise ValueError(
                 f"replacement should be a boolean value, but got replacement={replacement}"
@@ -219,15 +218,7 @@ class BatchSampler(Sampler[list[int]]):
         self, sampler: Sampler[int] | Iterable[int], batch_size: int, drop_last: bool
     ) -> None:
         # No isinstance check on sampler: an object with only __getitem__ is iterable too.
-        if (
-            not isinstance(batch_size, int)
-            or isinstance(batch_size, bool)
-            or batch_size <= 0
-        ):
-            raise ValueError(
-                "batch_size should be a positive integer value, "
-                f"but got batch_size={batch_size}"
-            )
+        check_positive_int("batch_size", batch_size)
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
         self.sampler = sampler

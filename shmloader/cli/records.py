@@ -42,8 +42,25 @@ SPREAD_LIMIT = 0.25
 SPREAD_RULE = f"(max - min) / median of batches/s over the rounds > {SPREAD_LIMIT:.0%}"
 
 
+class _Timed:
+    """A timed run's two derived figures, for a record with ``batches``, ``seconds`` and ``error``."""
+
+    __slots__ = ()
+    batches: int
+    seconds: float
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.seconds > 0
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.seconds if self.ok else 0.0
+
+
 @dataclass(frozen=True, slots=True)
-class Measurement:
+class Measurement(_Timed):
     """One loader, one workload, one ``num_workers``, one round: ``batches`` timed over ``seconds``.
 
     ``cpu_s`` is the main process's CPU time (``time.process_time()``, all its threads) over the
@@ -65,13 +82,6 @@ class Measurement:
     round_index: int = 0
     position: int = 0
 
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.seconds > 0
-
-    @property
-    def batches_per_s(self) -> float:
-        return self.batches / self.seconds if self.ok else 0.0
 
     @property
     def gb_per_s(self) -> float:
@@ -90,7 +100,7 @@ class Measurement:
 
 
 @dataclass(frozen=True, slots=True)
-class CopyLimitRun:
+class CopyLimitRun(_Timed):
     """One round of a copy limit: ``processes`` each stacking batches, nothing else.
 
     ``batches`` in all (over every process) between the first process's start and the last one's
@@ -109,13 +119,6 @@ class CopyLimitRun:
     buffers_per_process: int = 1
     memory: str = "private"
 
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.seconds > 0
-
-    @property
-    def batches_per_s(self) -> float:
-        return self.batches / self.seconds if self.ok else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "batches_per_s": self.batches_per_s,
