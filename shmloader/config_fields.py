@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.errors import ConfigError
-from shmloader.transport.segment import DEFAULT_SHM_DIR
+from shmloader.transport.segment import DEFAULT_SHM_DIR, new_name
 
 __all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "bool_switch",
            "env_name", "parse_size"]
@@ -248,9 +248,35 @@ def _parse_dir(text: str) -> str:
                        "the same in every process whatever its working directory")
     if not os.path.isdir(text):
         raise _Invalid("is not an existing directory")
-    if not os.access(text, os.W_OK | os.X_OK):
-        raise _Invalid("is not writable by this user")
+    problem = _probe_dir(text)
+    if problem:
+        raise _Invalid(f"is not writable by this user ({problem})")
     return text
+
+
+_PROBED: set[tuple[int, str]] = set()  # (pid, directory) where this process made a file
+
+
+def _probe_dir(path: str) -> str | None:
+    """Why no file can be made in ``path`` (the system's words), or None: a probe file is created
+    exclusively and removed. ``os.access`` is no test (it says yes to root even for /proc); the probe
+    is named as this process's segment so that one a kill leaves behind is swept. Once per
+    directory per process (a forked child may see another directory behind the path): a few
+    microseconds a loader, but ``resolve_config`` is called for every one."""
+    key = (os.getpid(), path)
+    if key in _PROBED:
+        return None
+    probe = os.path.join(path, new_name())
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    try:
+        os.unlink(probe)
+    except OSError as exc:  # made but not removable (a sticky directory of another user's): unusable too
+        return exc.strerror or type(exc).__name__
+    _PROBED.add(key)
+    return None
 
 
 def _check_dir(value: Any) -> str:
