@@ -25,7 +25,7 @@ from shmloader.errors import ConfigError
 from shmloader.transport.segment import DEFAULT_SHM_DIR, new_name
 
 __all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "bool_switch",
-           "env_name", "parse_size"]
+           "decimal_int", "env_name", "parse_size"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -37,7 +37,13 @@ _SIZE_UNITS = {
     "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
     "kb": 1000, "mb": 1000**2, "gb": 1000**3,
 }
-_SIZE_RE = re.compile(r"^([0-9][0-9_]*)\s*([a-z]*)$")
+# The one rule for typed integers (docs/config.md, "Values"): ASCII decimal digits, optionally after
+# a '-' (a negative count is then out of range, named as such). int() and float() read more: '1_0',
+# '+3', other scripts' digits ('٣'). [0-9] is ASCII only, where \d is not.
+_INT_RE = re.compile(r"-?[0-9]+")
+_NUMBER_RE = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_NOT_FINITE = ("inf", "infinity", "nan")
+_SIZE_RE = re.compile(r"([0-9]+)[ \t]*([a-z]*)")
 
 
 class _Invalid(Exception):
@@ -110,11 +116,17 @@ def env_name(name: str) -> str:
 # -- parsers: text -> value ------------------------------------------------------------------------
 
 
+def decimal_int(text: str) -> int:
+    """``text`` as an integer by the one rule (ASCII digits, optionally after a '-', nothing around
+    them); raises ValueError otherwise. Every typed integer is read with it: variables, CLI counts."""
+    if _INT_RE.fullmatch(text) is None:
+        raise ValueError(f"not a decimal integer: {text!r}")
+    return int(text, 10)
+
+
 def _int_text(text: str) -> int:
-    if not text.isascii():  # int() takes other scripts' digits ('١'); the docs promise decimal ASCII
-        raise _Invalid("is not an integer")
     try:
-        return int(text, 10)
+        return decimal_int(text)
     except ValueError:
         raise _Invalid("is not an integer") from None
 
@@ -150,12 +162,13 @@ def _check_int(minimum: int, maximum: int = sys.maxsize) -> Checker:
 
 
 def _parse_float(text: str) -> float:
-    if not text.isascii():  # float() takes other scripts' digits too
+    """Decimal digits with an optional '-', fraction and exponent (``2.5``, ``1e3``); float() alone
+    reads '1_0', '+3' and other scripts' digits too. inf and nan are named as not finite."""
+    if text.lower().removeprefix("-") in _NOT_FINITE:
+        raise _Invalid("is not finite")
+    if _NUMBER_RE.fullmatch(text) is None:
         raise _Invalid("is not a number")
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Invalid("is not a number") from None
+    value = float(text)
     if value == 0 and any(c in "123456789" for c in text.lower().partition("e")[0]):
         raise _Invalid("is too small: it rounds to 0, which means no timeout")  # e.g. 1e-400
     return _check_seconds(value)
@@ -190,10 +203,10 @@ def _check_bool(value: Any) -> bool:
 
 def parse_size(text: str) -> int:
     """Bytes from ``4096``, ``64KiB``, ``64M`` (binary), ``64MB`` (decimal); raises ValueError."""
-    match = _SIZE_RE.match(text.strip().lower())
+    match = _SIZE_RE.fullmatch(text.strip().lower())
     if match is None or match.group(2) not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r}")
-    return int(match.group(1).replace("_", "")) * _SIZE_UNITS[match.group(2)]
+    return int(match.group(1), 10) * _SIZE_UNITS[match.group(2)]
 
 
 def _parse_size(text: str) -> int:
