@@ -24,8 +24,8 @@ from typing import Any
 from shmloader.errors import ConfigError
 from shmloader.transport.segment import DEFAULT_SHM_DIR, new_name
 
-__all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "bool_switch",
-           "decimal_int", "env_name", "parse_size"]
+__all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "TooManyDigits",
+           "bool_switch", "decimal_int", "env_name", "parse_size"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -118,15 +118,29 @@ def env_name(name: str) -> str:
 
 def decimal_int(text: str) -> int:
     """``text`` as an integer by the one rule (ASCII digits, optionally after a '-', nothing around
-    them); raises ValueError otherwise. Every typed integer is read with it: variables, CLI counts."""
+    them); raises ValueError otherwise. Every typed integer is read with it: variables, CLI counts.
+    Leading zeros are read; more significant digits than int() converts (its 4300-digit limit)
+    raise :class:`TooManyDigits` (a ValueError): such a number is out of every range, not a typo."""
     if _INT_RE.fullmatch(text) is None:
         raise ValueError(f"not a decimal integer: {text!r}")
-    return int(text, 10)
+    digits = text.removeprefix("-").lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS:
+        raise TooManyDigits(f"{len(digits)} digits: too large")
+    return -int(digits, 10) if text.startswith("-") else int(digits, 10)
+
+
+_MAX_DIGITS = 4000  # under int()'s default limit (sys.int_info.default_max_str_digits, 4300)
+
+
+class TooManyDigits(ValueError):
+    """A decimal integer too long to convert: past any count or size (see :func:`decimal_int`)."""
 
 
 def _int_text(text: str) -> int:
     try:
         return decimal_int(text)
+    except TooManyDigits:
+        raise _Invalid("is out of range") from None
     except ValueError:
         raise _Invalid("is not an integer") from None
 
@@ -202,16 +216,19 @@ def _check_bool(value: Any) -> bool:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``4096``, ``64KiB``, ``64M`` (binary), ``64MB`` (decimal); raises ValueError."""
+    """Bytes from ``4096``, ``64KiB``, ``64M`` (binary), ``64MB`` (decimal); raises ValueError
+    (:class:`TooManyDigits`, one, past int()'s digits: :func:`decimal_int`)."""
     match = _SIZE_RE.fullmatch(text.strip().lower())
     if match is None or match.group(2) not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r}")
-    return int(match.group(1), 10) * _SIZE_UNITS[match.group(2)]
+    return decimal_int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
 def _parse_size(text: str) -> int:
     try:
         return parse_size(text)
+    except TooManyDigits:
+        raise _Invalid("is too large") from None
     except ValueError:
         raise _Invalid("is not a size") from None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 import pytest
 
@@ -83,3 +84,21 @@ def test_bench_refuses_a_count_that_is_not_decimal_naming_the_option(
         bench.parse_args([*argv, "--workloads", "tiny"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and argv[0] in err and "decimal integer" in err
+
+
+HUGE = "1" + "0" * 5000  # past int()'s 4300-digit limit: int() raises ValueError, as for a typo
+
+
+def test_a_count_too_long_for_int_is_out_of_range_and_leading_zeros_are_read() -> None:
+    with pytest.raises(ConfigError, match=r"^SHMLOADER_MAX_SLOTS='10+' is out of range"):
+        resolve_config({}, {"SHMLOADER_MAX_SLOTS": HUGE})
+    assert resolve_config({}, {"SHMLOADER_MAX_SLOTS": "0" * 5000 + "7"}).max_slots == 7
+    with pytest.raises(argparse.ArgumentTypeError, match=rf"must be at most {sys.maxsize}"):
+        options.int_at_least(0)(HUGE)
+    assert options.int_at_least(0)("0" * 5000 + "7") == 7
+
+
+def test_a_size_too_long_for_int_is_named_too_large() -> None:
+    with pytest.raises(ConfigError, match=r"^SHMLOADER_SLOT_BYTES='10+' is too large"):
+        resolve_config({}, {"SHMLOADER_SLOT_BYTES": HUGE})
+    assert parse_size("0" * 5000 + "1KiB") == 1024

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from shmloader.cli.plot import plot_target
 from shmloader.cli.records import SPREAD_RULE
 from shmloader.cli.workloads import WORKLOADS, Workload
-from shmloader.config_fields import decimal_int
+from shmloader.config_fields import TooManyDigits, decimal_int
 
 __all__ = ["Options", "parse_args", "START_METHODS", "DEFAULT_REPEAT", "FDS_PER_WORKER", "check_dataset_length",
            "int_at_least", "open_descriptors", "refuse_unstartable_workers", "startable_workers"]
@@ -151,6 +151,8 @@ def int_at_least(minimum: int, maximum: int = sys.maxsize) -> Callable[[str], in
     def parse(text: str) -> int:
         try:
             value = decimal_int(text)
+        except TooManyDigits:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text!r}") from None
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a decimal integer, got {text!r}") from None
         if value < minimum:
