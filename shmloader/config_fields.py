@@ -264,7 +264,8 @@ def _checked_str(parse: Parser) -> Checker:
 
 
 def _parse_log_level(text: str) -> str:
-    if text.upper() not in LOG_LEVELS:
+    # ASCII first: str.upper() maps 'ı' to 'I' and 'ſ' to 'S'
+    if not text.isascii() or text.upper() not in LOG_LEVELS:
         raise _Invalid("is not a log level")
     return text.upper()
 

@@ -117,7 +117,7 @@ def requested_backend(name: str | None = None, environ: Any = None) -> str:
     source = "pin backend" if name is not None else ENV_BACKEND
     raw = name if name is not None else env.get(ENV_BACKEND, "auto")
     value = raw.strip().lower()
-    if value not in BACKEND_NAMES:
+    if not raw.isascii() or value not in BACKEND_NAMES:  # lower() maps the Kelvin sign onto 'k'
         raise ConfigError(f"{source}={raw!r} is not a pin backend; expected one of {', '.join(BACKEND_NAMES)}",
                           name=source, value=raw)  # fmt: skip
     return value
