@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.errors import ConfigError
-from shmloader.transport.segment import DEFAULT_SHM_DIR
+from shmloader.transport.segment import DEFAULT_SHM_DIR, new_name
 
-__all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "bool_switch",
-           "env_name", "parse_size"]
+__all__ = ["DISPATCH_POLICIES", "FIELDS", "FIELDS_BY_NAME", "Field", "LOG_LEVELS", "START_METHODS", "TooManyDigits",
+           "bool_switch", "decimal_int", "env_name", "parse_size"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -37,7 +37,13 @@ _SIZE_UNITS = {
     "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
     "kb": 1000, "mb": 1000**2, "gb": 1000**3,
 }
-_SIZE_RE = re.compile(r"^([0-9][0-9_]*)\s*([a-z]*)$")
+# The one rule for typed integers (docs/config.md, "Values"): ASCII decimal digits, optionally after
+# a '-' (a negative count is then out of range, named as such). int() and float() read more: '1_0',
+# '+3', other scripts' digits ('٣'). [0-9] is ASCII only, where \d is not.
+_INT_RE = re.compile(r"-?[0-9]+")
+_NUMBER_RE = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_NOT_FINITE = ("inf", "infinity", "nan")
+_SIZE_RE = re.compile(r"([0-9]+)[ \t]*([a-z]*)")
 
 
 class _Invalid(Exception):
@@ -110,11 +116,31 @@ def env_name(name: str) -> str:
 # -- parsers: text -> value ------------------------------------------------------------------------
 
 
+def decimal_int(text: str) -> int:
+    """``text`` as an integer by the one rule (ASCII digits, optionally after a '-', nothing around
+    them); raises ValueError otherwise. Every typed integer is read with it: variables, CLI counts.
+    Leading zeros are read; more significant digits than int() converts (its 4300-digit limit)
+    raise :class:`TooManyDigits` (a ValueError): such a number is out of every range, not a typo."""
+    if _INT_RE.fullmatch(text) is None:
+        raise ValueError(f"not a decimal integer: {text!r}")
+    digits = text.removeprefix("-").lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS:
+        raise TooManyDigits(f"{len(digits)} digits: too large")
+    return -int(digits, 10) if text.startswith("-") else int(digits, 10)
+
+
+_MAX_DIGITS = 4000  # under int()'s default limit (sys.int_info.default_max_str_digits, 4300)
+
+
+class TooManyDigits(ValueError):
+    """A decimal integer too long to convert: past any count or size (see :func:`decimal_int`)."""
+
+
 def _int_text(text: str) -> int:
-    if not text.isascii():  # int() takes other scripts' digits ('١'); the docs promise decimal ASCII
-        raise _Invalid("is not an integer")
     try:
-        return int(text, 10)
+        return decimal_int(text)
+    except TooManyDigits:
+        raise _Invalid("is out of range") from None
     except ValueError:
         raise _Invalid("is not an integer") from None
 
@@ -150,12 +176,13 @@ def _check_int(minimum: int, maximum: int = sys.maxsize) -> Checker:
 
 
 def _parse_float(text: str) -> float:
-    if not text.isascii():  # float() takes other scripts' digits too
+    """Decimal digits with an optional '-', fraction and exponent (``2.5``, ``1e3``); float() alone
+    reads '1_0', '+3' and other scripts' digits too. inf and nan are named as not finite."""
+    if text.lower().removeprefix("-") in _NOT_FINITE:
+        raise _Invalid("is not finite")
+    if _NUMBER_RE.fullmatch(text) is None:
         raise _Invalid("is not a number")
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Invalid("is not a number") from None
+    value = float(text)
     if value == 0 and any(c in "123456789" for c in text.lower().partition("e")[0]):
         raise _Invalid("is too small: it rounds to 0, which means no timeout")  # e.g. 1e-400
     return _check_seconds(value)
@@ -189,16 +216,19 @@ def _check_bool(value: Any) -> bool:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``4096``, ``64KiB``, ``64M`` (binary), ``64MB`` (decimal); raises ValueError."""
-    match = _SIZE_RE.match(text.strip().lower())
+    """Bytes from ``4096``, ``64KiB``, ``64M`` (binary), ``64MB`` (decimal); raises ValueError
+    (:class:`TooManyDigits`, one, past int()'s digits: :func:`decimal_int`)."""
+    match = _SIZE_RE.fullmatch(text.strip().lower())
     if match is None or match.group(2) not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r}")
-    return int(match.group(1).replace("_", "")) * _SIZE_UNITS[match.group(2)]
+    return decimal_int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
 def _parse_size(text: str) -> int:
     try:
         return parse_size(text)
+    except TooManyDigits:
+        raise _Invalid("is too large") from None
     except ValueError:
         raise _Invalid("is not a size") from None
 
@@ -234,7 +264,8 @@ def _checked_str(parse: Parser) -> Checker:
 
 
 def _parse_log_level(text: str) -> str:
-    if text.upper() not in LOG_LEVELS:
+    # ASCII first: str.upper() maps 'ı' to 'I' and 'ſ' to 'S'
+    if not text.isascii() or text.upper() not in LOG_LEVELS:
         raise _Invalid("is not a log level")
     return text.upper()
 
@@ -248,9 +279,35 @@ def _parse_dir(text: str) -> str:
                        "the same in every process whatever its working directory")
     if not os.path.isdir(text):
         raise _Invalid("is not an existing directory")
-    if not os.access(text, os.W_OK | os.X_OK):
-        raise _Invalid("is not writable by this user")
+    problem = _probe_dir(text)
+    if problem:
+        raise _Invalid(f"is not writable by this user ({problem})")
     return text
+
+
+_PROBED: set[tuple[int, str]] = set()  # (pid, directory) where this process made a file
+
+
+def _probe_dir(path: str) -> str | None:
+    """Why no file can be made in ``path`` (the system's words), or None: a probe file is created
+    exclusively and removed. ``os.access`` is no test (it says yes to root even for /proc); the probe
+    is named as this process's segment so that one a kill leaves behind is swept. Once per
+    directory per process (a forked child may see another directory behind the path): a few
+    microseconds a loader, but ``resolve_config`` is called for every one."""
+    key = (os.getpid(), path)
+    if key in _PROBED:
+        return None
+    probe = os.path.join(path, new_name())
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    try:
+        os.unlink(probe)
+    except OSError as exc:  # made but not removable (a sticky directory of another user's): unusable too
+        return exc.strerror or type(exc).__name__
+    _PROBED.add(key)
+    return None
 
 
 def _check_dir(value: Any) -> str:

@@ -139,7 +139,7 @@ def test_boolean_false_spellings(raw) -> None:
     "raw, expected",
     [("4096", 4096), ("0", 0), ("64KiB", 64 * 1024), ("64k", 64 * 1024), ("64MiB", 64 * 1024**2),
      ("64M", 64 * 1024**2), ("1GiB", 1024**3), ("100MB", 100 * 10**6), ("2 GiB", 2 * 1024**3),
-     ("1_000", 1000), ("5kB", 5000)],
+     ("1000", 1000), ("5kB", 5000)],
 )
 def test_sizes(raw, expected) -> None:
     assert parse_size(raw) == expected
@@ -213,7 +213,7 @@ def test_bad_environment_value_names_variable_value_and_what_is_accepted(variabl
 
 
 def test_zero_written_any_way_is_still_zero() -> None:
-    for raw in ("0", "0.0", "0e-400", "-0", "0_0"):
+    for raw in ("0", "0.0", "0e-400", "-0", "00"):
         assert resolve_quiet({}, {**WORKERS, "SHMLOADER_TIMEOUT": raw}).timeout == 0
 
 

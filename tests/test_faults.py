@@ -33,6 +33,7 @@ from shmloader import (
     WorkerHung,
     WorkerTimeout,
 )
+from shmloader import config_fields
 from shmloader.engine import faults
 from shmloader.errors import describe_exit, format_indices
 from shmloader.transport import shm_space
@@ -261,9 +262,10 @@ def test_enospc_at_creation_becomes_shm_space_error(tmp_path: Any) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_shm_dir_where_no_segment_can_be_made_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not os.access("/proc", os.W_OK | os.X_OK):  # refused when the loader is built: test_adv_input_shm_dir.py
-        pytest.skip("/proc is not writable by this user: no segment creation is tried")
-    monkeypatch.setenv("SHMLOADER_SHM_DIR", "/proc")  # exists, passes validation (as root), takes no files
+    # Refused when the loader is built (test_adv_input_shm_dir_probe.py); this is the later line of
+    # defence, for a directory that stops taking files after the loader was built.
+    monkeypatch.setattr(config_fields, "_probe_dir", lambda path: None)
+    monkeypatch.setenv("SHMLOADER_SHM_DIR", "/proc")  # exists, takes no files
     loader = DataLoader(np.arange(16.0).reshape(8, 2), batch_size=2, num_workers=2)
     try:
         with pytest.raises(OSError, match=r"cannot create a shared-memory segment in /proc .*SHMLOADER_SHM_DIR"):

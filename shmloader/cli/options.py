@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from shmloader.cli.plot import plot_target
 from shmloader.cli.records import SPREAD_RULE
 from shmloader.cli.workloads import WORKLOADS, Workload
+from shmloader.config_fields import TooManyDigits, decimal_int
 from shmloader.rlimits import soft_limit
 
 __all__ = ["Options", "parse_args", "START_METHODS", "DEFAULT_REPEAT", "FDS_PER_WORKER", "check_dataset_length",
@@ -143,15 +144,16 @@ def _split(text: str) -> list[str]:
 
 def int_at_least(minimum: int, maximum: int = sys.maxsize) -> Callable[[str], int]:
     """An argparse type: a decimal integer from ``minimum`` to ``maximum``, refused with what was
-    given (every cli command's). Read as ``SHMLOADER_*`` integers are (docs/config.md): ASCII only,
-    since ``int()`` also reads other scripts' digits ('٣' is 3); past sys.maxsize no count of
-    batches, steps or processes can run."""
+    given (every cli command's). Read by the rule of ``SHMLOADER_*`` integers (docs/config.md,
+    :func:`~shmloader.config_fields.decimal_int`): ASCII digits, optionally after a '-', as typed,
+    since ``int()`` also reads '1_0', '+3', ' 3' and other scripts' digits ('٣' is 3); past
+    sys.maxsize no count of batches, steps or processes can run."""
 
     def parse(text: str) -> int:
         try:
-            if not text.isascii():
-                raise ValueError(text)
-            value = int(text, 10)
+            value = decimal_int(text)
+        except TooManyDigits:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text!r}") from None
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a decimal integer, got {text!r}") from None
         if value < minimum:

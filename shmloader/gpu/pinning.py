@@ -24,7 +24,7 @@ Runs in the main process only. Promises:
 
 Per-loader state is one attribute of the loader, ``_pin`` (a :class:`PinState`: the backend
 selected by :func:`backend_for`, and the flag :func:`warn_if_unpinned` sets). Whether torch sees an
-accelerator is asked once per process (:func:`accelerator_available`).
+accelerator is asked once per process, a forked child asking for itself (:func:`accelerator_available`).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from shmloader.gpu.mlock import MlockBackend
 
 __all__ = [
     "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",
-    "builtin_pin_backend", "check_requested", "check_usable", "make_backend", "pin_copy", "requested_backend",
-    "select", "warn_if_unpinned",
+    "builtin_pin_backend", "check_requested", "check_usable", "make_backend", "pin_copy", "refuse_cuda_in_bad_fork",
+    "requested_backend", "select", "warn_if_unpinned",
 ]
 
 ENV_BACKEND = "SHMLOADER_PIN_BACKEND"
@@ -70,7 +70,8 @@ def _installed(module: str) -> bool:
 def accelerator_available() -> bool:
     """Whether torch sees an accelerator (torch is imported here only if installed).
 
-    Asked once per process (the answer does not change), so a per-batch call is a lookup.
+    Asked once per process, so a per-batch call is a lookup; a forked child asks again (the cache
+    is cleared there), as torch's loader asks in whatever process it runs.
     """
     if not _installed("torch"):
         return False
@@ -80,6 +81,30 @@ def accelerator_available() -> bool:
         return bool(torch.accelerator.is_available())
     except AttributeError:
         return bool(torch.cuda.is_available())
+
+
+os.register_at_fork(after_in_child=accelerator_available.cache_clear)
+
+
+def _cuda_in_bad_fork() -> bool:
+    """Whether this process was forked after torch initialised CUDA in its parent (asking
+    ``torch.cuda.is_available()`` does): every CUDA call raises here. Never imports torch."""
+    torch = sys.modules.get("torch")
+    in_bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
+    return bool(in_bad_fork()) if callable(in_bad_fork) else False
+
+
+def refuse_cuda_in_bad_fork(name: str) -> None:
+    """torch's RuntimeError when backend ``name`` would pin through CUDA in a process forked after
+    CUDA was initialised: torch's DataLoader raises it at ``iter()`` there (with workers) or at
+    the first batch (without), and pinning through torch here would fail at every call."""
+    if name not in ("auto", "torch") or not _cuda_in_bad_fork():
+        return
+    if name == "auto" and not accelerator_available():
+        return
+    raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must "
+                       "use the 'spawn' start method (shmloader: pin_memory=True in a process forked after its "
+                       "parent initialised CUDA; build the loader in a spawned process, or with pin_memory=False)")
 
 
 def requested_backend(name: str | None = None, environ: Any = None) -> str:
@@ -92,7 +117,7 @@ def requested_backend(name: str | None = None, environ: Any = None) -> str:
     source = "pin backend" if name is not None else ENV_BACKEND
     raw = name if name is not None else env.get(ENV_BACKEND, "auto")
     value = raw.strip().lower()
-    if value not in BACKEND_NAMES:
+    if not raw.isascii() or value not in BACKEND_NAMES:  # lower() maps the Kelvin sign onto 'k'
         raise ConfigError(f"{source}={raw!r} is not a pin backend; expected one of {', '.join(BACKEND_NAMES)}",
                           name=source, value=raw)  # fmt: skip
     return value
@@ -129,10 +154,15 @@ def check_requested(loader: Any) -> None:
     With workers the selection (:func:`backend_for`, with the loader's first ring) reads the
     variable and raises. Without workers batches are not in slots and torch's copy pins them
     (:func:`pin_copy`), so no backend is built, but the variable is read and checked here all
-    the same. With ``pin_memory=False`` it is not read at all.
+    the same. With ``pin_memory=False`` it is not read at all. In a child forked after CUDA was
+    initialised, torch's RuntimeError (:func:`refuse_cuda_in_bad_fork`), before any worker starts.
     """
-    if loader.pin_memory and loader.num_workers == 0:
-        check_usable(requested_backend())
+    if not loader.pin_memory:
+        return
+    name = requested_backend()
+    if loader.num_workers == 0:
+        check_usable(name)
+    refuse_cuda_in_bad_fork(name)
 
 
 def builtin_pin_backend(device: str = "") -> PinBackend | None:
