@@ -279,7 +279,7 @@ def _parse_dir(text: str) -> str:
                        "the same in every process whatever its working directory")
     if not os.path.isdir(text):
         raise _Invalid("is not an existing directory")
-    problem = _probe_dir(text)
+    problem = probe_dir(text)
     if problem:
         raise _Invalid(f"is not writable by this user ({problem})")
     return text
@@ -288,7 +288,7 @@ def _parse_dir(text: str) -> str:
 _PROBED: set[tuple[int, str]] = set()  # (pid, directory) where this process made a file
 
 
-def _probe_dir(path: str) -> str | None:
+def probe_dir(path: str) -> str | None:
     """Why no file can be made in ``path`` (the system's words), or None: a probe file is created
     exclusively and removed. ``os.access`` is no test (it says yes to root even for /proc); the probe
     is named as this process's segment so that one a kill leaves behind is swept. Once per

@@ -82,3 +82,14 @@ def test_a_forked_child_probes_for_itself(tmp_path: Path, monkeypatch: pytest.Mo
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and opened == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="os.access says yes to /proc only for root")
+def test_doctor_says_a_directory_where_no_file_can_be_made_is_not_writable() -> None:
+    """doctor's shm-dir check makes a file too: ``os.access`` said yes to root for /proc, and the
+    finding then blamed the free space ("enlarge it") instead."""
+    from shmloader.cli import doctor
+
+    found = doctor.check_shm_dir("/proc", doctor.RingPlan(workers=2, prefetch_factor=2, slot_bytes=4096))
+    assert [f.status for f in found] == [doctor.PROBLEM]
+    assert "/proc is not writable by this user" in found[0].message

@@ -264,7 +264,7 @@ def test_enospc_at_creation_becomes_shm_space_error(tmp_path: Any) -> None:
 def test_a_shm_dir_where_no_segment_can_be_made_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     # Refused when the loader is built (test_adv_input_shm_dir_probe.py); this is the later line of
     # defence, for a directory that stops taking files after the loader was built.
-    monkeypatch.setattr(config_fields, "_probe_dir", lambda path: None)
+    monkeypatch.setattr(config_fields, "probe_dir", lambda path: None)
     monkeypatch.setenv("SHMLOADER_SHM_DIR", "/proc")  # exists, takes no files
     loader = DataLoader(np.arange(16.0).reshape(8, 2), batch_size=2, num_workers=2)
     try:

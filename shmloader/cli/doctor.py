@@ -28,7 +28,7 @@ from shmloader.cli.doctor_config import check_configuration
 from shmloader.cli.findings import INFO, OK, PROBLEM, WARNING, Finding
 from shmloader.cli.options import int_at_least
 from shmloader.config import Config
-from shmloader.config_fields import parse_size
+from shmloader.config_fields import parse_size, probe_dir
 from shmloader.rlimits import soft_limit
 from shmloader.transport.preflight import CONSUMER_SLOTS, ring_slots
 from shmloader.transport.sweep import leftovers, sweep_dead_segments
@@ -131,8 +131,9 @@ def check_shm_dir(shm_dir: str, plan: RingPlan) -> list[Finding]:
     if not os.path.isdir(shm_dir):
         return [Finding(name, PROBLEM, f"{shm_dir} is not a directory",
                         "set SHMLOADER_SHM_DIR to a tmpfs directory, e.g. /dev/shm")]
-    if not os.access(shm_dir, os.W_OK | os.X_OK):
-        return [Finding(name, PROBLEM, f"{shm_dir} is not writable by this user",
+    problem = probe_dir(shm_dir)  # a file made and removed: os.access says yes to root even for /proc
+    if problem:
+        return [Finding(name, PROBLEM, f"{shm_dir} is not writable by this user ({problem})",
                         "set SHMLOADER_SHM_DIR to a directory you can write")]
     vfs = os.statvfs(shm_dir)
     total, free = vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize

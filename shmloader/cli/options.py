@@ -194,9 +194,10 @@ def refuse_unstartable_workers(parser: argparse.ArgumentParser, option: str, wor
     refused before any round, rather than a case that fails with EMFILE after the others ran."""
     most = startable_workers()
     if workers > most:
+        nofile, nproc = soft_limit("RLIMIT_NOFILE"), soft_limit("RLIMIT_NPROC")
         parser.error(f"{option} {workers}: more worker processes than this process can start (at most {most}: "
                      f"RLIMIT_NOFILE leaves room for {FDS_PER_WORKER} descriptors each, and RLIMIT_NPROC; "
-                     "'ulimit -n' and 'ulimit -u' show them)")
+                     f"{nofile.describe()}; {nproc.describe()})")
 
 
 def check_dataset_length(parser: argparse.ArgumentParser, what: str, batches: int, batch_size: int) -> None:
