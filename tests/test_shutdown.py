@@ -327,14 +327,14 @@ class _Unkillable:
 
 @pytest.mark.timeout(30)
 def test_a_worker_that_survives_sigkill_does_not_hang_the_shutdown(caplog: pytest.LogCaptureFixture) -> None:
-    from shmloader.engine import workers
+    from shmloader.engine import reaping, workers
 
     tasks_r, tasks_w = multiprocessing.Pipe(duplex=False)
     results_r, results_w = multiprocessing.Pipe(duplex=False)
     proc = _Unkillable()
     handle = workers.WorkerHandle(0, proc, tasks_w, results_r, task_reader=tasks_r)
     with caplog.at_level("WARNING", logger="shmloader"):
-        workers._reap(handle)
+        reaping.reap(handle)
     assert proc.joins and all(t is not None for t in proc.joins)
     assert "did not exit" in caplog.text and "SIGKILL" in caplog.text
     assert tasks_w.closed and results_r.closed and tasks_r.closed

@@ -29,7 +29,8 @@ from typing import Any
 from shmloader.engine import faults
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
-from shmloader.engine.workers import WorkerHandle, join_killed
+from shmloader.engine.reaping import join_killed
+from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
 from shmloader.kept import keep
 from shmloader.log import logger

@@ -2,11 +2,12 @@
 
 Owns each worker's process and its two one-way pipes (tasks out, replies in; no
 ``multiprocessing.Queue`` and so no feeder threads) and the FIFO of tasks each worker holds.
-Runs in the main process. Promises: ``shutdown`` leaves no process (stop message, bounded join,
-then SIGTERM, then SIGKILL) and no open pipe, and reaps every child it started, so none is left a
-zombie; a worker is started the same way the first time and on a restart (same id, same seed,
-``worker_init_fn`` re-run). A handle knows whether its worker has finished starting (``ready``), so
-a death during start-up is not blamed on the task that waited for it.
+Runs in the main process. Promises: ``shutdown`` leaves no process (stop flag and message, bounded
+join, then SIGTERM, then SIGKILL: ``engine.reaping``) and no open pipe, and reaps every child it
+started, so none is left a zombie; once it begins, no worker starts a task (``worker.stop``); a
+worker is started the same way the first time and on a restart (same id, same seed, its own clear
+stop flag, ``worker_init_fn`` re-run). A handle knows whether its worker has finished starting
+(``ready``), so a death during start-up is not blamed on the task that waited for it.
 
 A pool that fails part-way through ``start_all`` (EMFILE, a fork refused at the pid limit, Ctrl-C)
 is torn down by the same ``shutdown`` as a whole one: ``_start`` itself puts each worker in
@@ -29,10 +30,8 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import signal
 import threading
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import process as mp_process
@@ -44,19 +43,14 @@ from shmloader.log import logger
 from shmloader import owner
 from shmloader.engine import exits, start_limits
 from shmloader.engine.payload import pickled_spec
+from shmloader.engine.reaping import close_pipes, live_workers, reap, reap_all
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
+from shmloader.worker.stop import StopFlag
 
 # torch joins each worker for MP_STATUS_CHECK_INTERVAL (5 s) before it terminates it: a worker on its
 # way out runs its cleanup (finalizers, a spawned interpreter's teardown, a second with torch imported)
 _JOIN_TIMEOUT_S = 5.0
-_KILL_TIMEOUT_S = 1.0
-# After SIGKILL: a worker in uninterruptible sleep (a read from a hung network file system) exits only
-# when the kernel lets it; close() and the fault path must not wait for that for ever.
-KILLED_JOIN_S = 5.0
-# Every worker process this process started and has not reaped: multiprocessing lists them as its
-# children, and a process forked from this one must not take them for its own (_disown_inherited).
-_live_workers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -85,8 +79,8 @@ def _disown_inherited() -> None:
     """
     children = getattr(mp_process, "_children", None)
     if isinstance(children, set):  # a private name of CPython's: if it ever changes, do nothing
-        children.difference_update(_live_workers)
-    _live_workers.clear()  # this process started none of them
+        children.difference_update(live_workers)
+    live_workers.clear()  # this process started none of them
 
 
 owner.at_fork_in_child(_after_fork_in_child)  # with the collector held: nothing can run before the freeze
@@ -117,11 +111,13 @@ class WorkerHandle:
     # The main process's copy of the task pipe's read end, never read: while it is open a task
     # written to a worker that just died lands in the pipe instead of raising SIGPIPE, which kills
     # a process whose SIGPIPE action is the default (tests/test_sigpipe.py); the sentinel reports
-    # the death. Closed with the handle (``_reap``).
+    # the death. Closed with the handle (``reaping.reap``).
     task_reader: Connection | None = None
     # A pidfd of the process (fork, spawn; -1 where none): its exit, which the worker's own children
-    # cannot hide as they can its sentinel (engine/exits.py). Closed with the handle (``_reap``).
+    # cannot hide as they can its sentinel (engine/exits.py). Closed with the handle (``reaping.reap``).
     pidfd: int = -1
+    # Set when the main process stops this worker (shutdown, a reap): it then starts no task (worker/stop.py)
+    stop: StopFlag | None = None
 
     def __post_init__(self) -> None:
         self.replies = wire.FrameReader(self.results.fileno())
@@ -237,31 +233,33 @@ class WorkerPool:
         try:
             res_r, res_w = self.ctx.Pipe(duplex=False)
         except BaseException:
-            _close(task_r, task_w)
+            close_pipes(task_r, task_w)
             raise
         handle: WorkerHandle | None = None
         try:
+            stop = StopFlag(self.ctx)  # its own, clear: a successor is not stopped with its predecessor
             process = self.ctx.Process(  # type: ignore[attr-defined]
                 target=worker_main.run,
-                args=(self._payload, worker_id, task_r, res_w, os.getpid(), self._death_signal_safe()),
+                args=(self._payload, worker_id, task_r, res_w, os.getpid(), self._death_signal_safe(), stop),
                 name=f"shmloader-worker-{worker_id}",
                 daemon=True,
             )
-            handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog, task_reader=task_r)
-            _live_workers.add(process)
+            handle = WorkerHandle(worker_id, process, task_w, res_r, backlog=self.backlog, task_reader=task_r,
+                                  stop=stop)
+            live_workers.add(process)
             self._launch(process)
             if not self._forkserver:  # see engine/exits.py
                 handle.pidfd = exits.open_pidfd(process)
             self._place(handle)  # from here shutdown() stops it, whatever is raised next
         except BaseException:
-            _close(task_r, res_w)
+            close_pipes(task_r, res_w)
             if handle is not None and handle.pid is not None:  # it exists (Ctrl-C after the fork)
                 self._place(handle)  # first: a reap cut short by another Ctrl-C is shutdown()'s to finish
-                _reap(handle)
+                reap(handle)
             else:
-                _close(task_w, res_r)  # never forked (or too early to know its pid: it reads EOF, exits)
+                close_pipes(task_w, res_r)  # never forked (or too early to know its pid: it reads EOF, exits)
             raise
-        _close(res_w)  # the worker's end: it holds its own copy (task_r stays open: ``task_reader``)
+        close_pipes(res_w)  # the worker's end: it holds its own copy (task_r stays open: ``task_reader``)
         logger.info("worker %d started (pid %s)", worker_id, handle.pid)
         return handle
 
@@ -305,9 +303,10 @@ class WorkerPool:
             process.start()
 
     def replace(self, worker_id: int) -> WorkerHandle:
-        """Reap a dead worker and start its successor under the same id."""
+        """Reap the worker at ``worker_id`` (dead, or made to stop: from here it starts no task) and
+        start its successor under the same id."""
         old = self.workers[worker_id]
-        _reap(old)
+        reap(old)
         new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
         logger.info("worker %d restarted (pid %s replaces %s)", worker_id, new.pid, old.pid)
         return new
@@ -320,83 +319,26 @@ class WorkerPool:
                 pass  # a dead worker is noticed through its sentinel
 
     def shutdown(self, grace_s: float = _JOIN_TIMEOUT_S) -> None:
-        """Stop every worker: polite message, join within ``grace_s``, then terminate and kill.
+        """Stop every worker: stop flag, polite message, join within ``grace_s``, then terminate
+        and kill. From the first step no worker starts a task: each finishes the one it runs and
+        drops its queue, so the join waits for one task at most (torch's ``done_event``).
 
         A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
         """
         workers, self.workers = self.workers, []
         self.generation += 1
         try:
+            for w in workers:  # every flag first: no worker starts a task while the others are told
+                if w.stop is not None:
+                    w.stop.set()
             for w in workers:
                 try:
-                    w.send(None)  # behind any task still in its outbox: a busy worker is terminated
+                    w.send(None)  # wakes an idle worker; one past its outbox reads its flag instead
                 except (BrokenPipeError, OSError):
                     pass
             deadline = time.monotonic() + grace_s
             for w in workers:
                 w.join(max(0.0, deadline - time.monotonic()))
         finally:  # a Ctrl-C during the polite part: off the list already, so stopped here or never
-            _reap_all(workers)
+            reap_all(workers)
 
-
-def _reap_all(workers: list[WorkerHandle]) -> None:
-    """Reap every worker, even through KeyboardInterrupts (re-raised once all are joined): an
-    interrupted reap would leave a worker running that nothing knows of any more. Each reap is
-    bounded (SIGTERM, then SIGKILL)."""
-    interrupt: BaseException | None = None
-    for w in workers:
-        while True:
-            try:
-                _reap(w)
-                break
-            except KeyboardInterrupt as exc:
-                interrupt = interrupt or exc
-        logger.info("worker %d exited (pid %s, exit code %s)", w.id, w.pid, w.process.exitcode)
-    if interrupt is not None:
-        try:
-            raise interrupt
-        finally:
-            del interrupt  # else its traceback holds this frame, which holds it: a cycle only the collector frees
-
-
-def _reap(w: WorkerHandle) -> None:
-    """Make sure the process is gone and joined, and close its pipes. Bounded: a worker that even
-    SIGKILL does not end within ``KILLED_JOIN_S`` is named in a warning and left to exit when the
-    kernel lets it (multiprocessing reaps it then); its pipes are closed all the same."""
-    p = w.process
-    if w.running:
-        w.signal(signal.SIGTERM)
-        w.signal(signal.SIGCONT)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
-        w.join(_KILL_TIMEOUT_S)
-    if w.running:
-        w.signal(signal.SIGKILL)
-        join_killed(w)
-    else:
-        p.join()  # reaps it (at once: it has exited); a no-op where SIGCHLD is ignored
-        if p.exitcode is None and isinstance(getattr(mp_process, "_children", None), set):
-            mp_process._children.discard(p)  # type: ignore[attr-defined]  # else its exit handler signals the pid
-    w.unsent.clear()  # nobody will read it now
-    w.backlog.discard(w)
-    _live_workers.discard(p)
-    pidfd, w.pidfd = w.pidfd, -1
-    exits.close(pidfd)
-    _close(w.tasks, w.results, w.task_reader)
-
-
-def join_killed(w: WorkerHandle) -> None:
-    """Join a worker just sent SIGKILL, for at most ``KILLED_JOIN_S``; warn if it is still there."""
-    w.join(KILLED_JOIN_S)
-    if w.running:
-        logger.warning("worker %d (pid %s) did not exit within %s s of SIGKILL (uninterruptible sleep in the "
-                       "kernel: a hung network file system or device?); not waiting for it any longer",
-                       w.id, w.pid, KILLED_JOIN_S)
-
-
-def _close(*conns: Connection | None) -> None:
-    for conn in conns:
-        if conn is None:
-            continue
-        try:
-            conn.close()
-        except OSError:
-            pass

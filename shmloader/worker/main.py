@@ -13,6 +13,9 @@ samples). Promises:
 - only the worker's own process answers: a child that user code forks in it and that comes back
   into this code (no ``os._exit``) exits before it sends or reads anything (``lineage.leave_if_forked``;
   it used to answer for the worker: tests/test_procs_forked_child.py);
+- it starts no task once the main process has set its stop flag (``worker.stop``), as torch's
+  workers skip every queued index once ``done_event`` is set: the task running then finishes, the
+  rest of its queue is dropped, and it exits;
 - it exits when told (``None``), when its task pipe closes, and when the main process dies: at
   once on Linux when the thread that forked it lasts as long as its process (``PR_SET_PDEATHSIG``:
   started from the main process's main thread, or by the fork server), otherwise when its poll
@@ -56,6 +59,7 @@ from shmloader.transport.segment import Segment, prefault
 from shmloader.worker import lineage
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 from shmloader.worker.lineage import PARENT_CHECK_S
+from shmloader.worker.stop import StopFlag
 
 
 
@@ -82,11 +86,12 @@ class WorkerSpec:
 
 
 def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, results: Connection,
-        parent_pid: int, death_signal: bool) -> None:
+        parent_pid: int, death_signal: bool, stop: StopFlag) -> None:
     """Process entry point (``multiprocessing.Process(target=run, ...)``).
 
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
-    kernel may kill this worker when that thread ends (``lineage.watch_parent``).
+    kernel may kill this worker when that thread ends (``lineage.watch_parent``). ``stop``: set by
+    the main process when it stops this worker; read before each message.
     """
     lineage.start(worker_id, parent_pid, death_signal)
     try:
@@ -98,7 +103,7 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
         return
     _send(results, Ready(worker_id, os.getpid()))
     try:
-        worker.loop(tasks, parent_pid, os.getppid())
+        worker.loop(tasks, parent_pid, os.getppid(), stop.reader())
     finally:
         worker.detach_all()
 
@@ -203,16 +208,18 @@ class _Worker:
         self.fetcher = make_fetcher(spec)
 
     # -- main loop -------------------------------------------------------------------------
-    def loop(self, tasks: Connection, main_pid: int, ppid: int) -> None:
+    def loop(self, tasks: Connection, main_pid: int, ppid: int, stopped: Callable[[bool], bool]) -> None:
+        """Serve the task pipe until told to stop. ``stopped(False)``: the stop flag, read before
+        each message (some 50 ns): once set, whatever is queued is dropped unread."""
         frames = _TaskFrames(tasks)
         while True:
             lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
             frame = frames.next(PARENT_CHECK_S)
-            if frame is _QUIET:
-                if os.getppid() != ppid or not lineage.alive(main_pid):
+            if frame is _QUIET:  # also a stop whose message the main process could not write (a full pipe)
+                if stopped(False) or os.getppid() != ppid or not lineage.alive(main_pid):
                     return
                 continue
-            if frame is None:  # the task pipe closed
+            if frame is None or stopped(False):  # the task pipe closed, or the main process stops us
                 return
             try:
                 msg = wire.decode(frame)
