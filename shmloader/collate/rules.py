@@ -209,16 +209,32 @@ def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
 _INT_KINDS = {"b": None, "i": np.dtype(np.int64), "u": None, "f": np.dtype(np.float64)}
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """Python ints (and bools): an int64 array, or a bool array if all are bools."""
+    """Python ints (and bools): an int64 array, or a bool array if all are bools.
+
+    A Python int outside int64 raises torch's ValueError ("Overflow when unpacking long long"),
+    where numpy would make a uint64, rounded float64 or object array of the batch.
+    """
     arr = np.asarray(batch)
     kind = arr.dtype.kind
+    if kind not in "ib":
+        _check_int64(batch, ctx)
     if kind not in _INT_KINDS and kind != "c":
         raise _not_numbers(batch, "ints", f"numpy made dtype {arr.dtype}", ctx)
     wanted = _INT_KINDS.get(kind)
     if wanted is not None and arr.dtype != wanted:
         arr = arr.astype(wanted)
     return write_array(arr, ctx)
+
+
+def _check_int64(batch: Sequence[Any], ctx: CollateContext) -> None:
+    """torch's ValueError for the first Python int of the batch that int64 cannot hold."""
+    for value in batch:
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"Overflow when unpacking long long (at {ctx.path}: {value} is outside int64)")
 
 
 def collate_complex(batch: Sequence[Any], ctx: CollateContext) -> Any:
