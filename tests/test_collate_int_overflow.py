@@ -49,3 +49,16 @@ def test_the_loader_raises_it(num_workers: int) -> None:
     with shmloader.DataLoader(ListDataset([1, 2**63 + 1]), batch_size=2, num_workers=num_workers) as loader:
         with pytest.raises(ValueError, match="Overflow when unpacking long long"):
             next(iter(loader))
+
+
+@pytest.mark.parametrize("batch", [[np.int64(1), 2**63], [np.int8(1), 2**63], [np.uint8(1), -(2**63) - 1]], ids=str)
+def test_a_numpy_integer_first_with_a_python_int_outside_int64_raises_as_torch(batch: list) -> None:
+    """torch makes such a batch with ``torch.as_tensor``: the same ValueError. numpy alone rounded
+    the values into a float64 array, or made an object array."""
+    with pytest.raises(ValueError, match=r"^Overflow when unpacking long long \(at batch"):
+        shmloader.default_collate(batch)
+
+
+def test_a_numpy_integer_first_with_python_ints_inside_int64_stays_exact() -> None:
+    out = shmloader.default_collate([np.int64(1), 2**62])
+    assert out.dtype == np.int64 and out.tolist() == [1, 2**62]

@@ -189,9 +189,12 @@ def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """numpy scalars (datetime64 and void too): an array of their dtype, promoted if mixed.
 
     Strings or objects mixed in (numpy would make a string or object array): torch's TypeError,
-    naming the first such sample's type and the field.
+    naming the first such sample's type and the field. A numpy integer first and a Python int
+    outside int64 later (numpy would round them into float64, or make objects): torch's ValueError.
     """
     arr = np.asarray(batch)
+    if arr.dtype.kind not in "iub" and isinstance(batch[0], np.integer):
+        _check_int64(batch, ctx)
     if arr.dtype.hasobject or arr.dtype.kind in "SU":
         found = next(
             (type(s) for s in batch if not isinstance(s, np.generic) or s.dtype.kind in "SUO"),
