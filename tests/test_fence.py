@@ -357,8 +357,8 @@ def test_no_backend_call_comes_from_a_worker_collecting_inherited_garbage(
     left in a reference cycle; a second loader forks workers that collect it at start."""
     fake.journal = str(tmp_path / "calls")
     data = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
-    first = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2, pin_memory=True,
-                                 multiprocessing_context="fork")
+    first: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2,
+                                                            pin_memory=True, multiprocessing_context="fork")
     if garbage == "batches":
         held: Any = list(first)
     else:  # batches held by the prefetcher, its copies unfinished
@@ -369,8 +369,9 @@ def test_no_backend_call_comes_from_a_worker_collecting_inherited_garbage(
     gc.disable()  # the garbage must still be there when the second loader forks its workers
     try:
         del held, cycle, first
-        second = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2,
-                                      worker_init_fn=collect_garbage, multiprocessing_context="fork")
+        second: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16,
+                                                                 num_workers=2, worker_init_fn=collect_garbage,
+                                                                 multiprocessing_context="fork")
         assert sum(len(x) for (x,) in second) == 256
         second.close()
     finally:

@@ -120,8 +120,9 @@ def test_batches_of_several_loaders_given_to_one_child_stay_intact() -> None:
 @pytest.mark.timeout(60)
 def test_our_own_worker_starts_and_restarts_do_not_retire_held_slots(tmp_path: Any) -> None:
     held_loader = _loader("numpy", 1, True)
-    other = shmloader.DataLoader(fd.PlannedFaults(16, str(tmp_path), {3: "kill"}), batch_size=2, num_workers=2,
-                                 multiprocessing_context="fork", on_worker_death="restart")
+    other: shmloader.DataLoader[Any] = shmloader.DataLoader(fd.PlannedFaults(16, str(tmp_path), {3: "kill"}),
+                                                            batch_size=2, num_workers=2,
+                                                            multiprocessing_context="fork", on_worker_death="restart")
     try:
         it = iter(held_loader)
         batch = next(it)

@@ -343,8 +343,8 @@ def test_a_full_directory_while_a_slot_grows_is_shm_space_error(monkeypatch: pyt
 
 @pytest.mark.timeout(60)
 def test_an_epoch_abandoned_while_slots_grow_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    dl = shmloader.DataLoader(Big(16, FLOATS), batch_size=4, num_workers=2, persistent_workers=True,
-                              multiprocessing_context="fork")
+    dl: shmloader.DataLoader[Any] = shmloader.DataLoader(Big(16, FLOATS), batch_size=4, num_workers=2,
+                                                         persistent_workers=True, multiprocessing_context="fork")
     first = next(iter(dl))  # the other tasks' slots may still be growing
     assert first["y"].tolist() == [0, 1, 2, 3]
     del first

@@ -126,7 +126,7 @@ def test_without_workers_a_big_batch_reuses_the_buffer_of_one_dropped() -> None:
 
 
 def test_without_workers_batches_kept_keep_their_values() -> None:
-    loader = shmloader.DataLoader(Big(), batch_size=16, num_workers=0)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Big(), batch_size=16, num_workers=0)
     kept = list(loader)
     for k, batch in enumerate(kept):
         _check(batch, k)
@@ -147,7 +147,7 @@ def test_without_workers_torch_tensors_kept_keep_their_values() -> None:
 
 
 def test_the_iterator_lets_go_of_its_buffers_at_the_epoch_s_end_and_at_close() -> None:
-    loader = shmloader.DataLoader(Big(), batch_size=16, num_workers=0)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Big(), batch_size=16, num_workers=0)
     it = iter(loader)
     buffer = weakref.ref(next(it).base)  # the batch is dropped at once: only the pool holds it
     assert buffer() is not None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from shmloader.kept import NOTE, keep
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_an_iterator_dropped_with_an_observer_s_error_kept_is_freed_at_once(num_workers: int) -> None:
-    loader = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
     with no_cyclic_gc():
         it = iter(loader)
         next(it), next(it)  # batch 1's report failed: its error waits for the next next()
@@ -41,7 +42,7 @@ def test_an_iterator_dropped_with_an_observer_s_error_kept_is_freed_at_once(num_
 
 @pytest.mark.timeout(60)
 def test_an_iterator_dropped_with_a_refill_error_kept_is_freed_at_once() -> None:
-    loader = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
     with no_cyclic_gc():
         it = iter(loader)
         got = []
@@ -60,7 +61,7 @@ def test_to_device_dropped_with_a_read_ahead_error_kept_is_freed_at_once() -> No
 
     with contextlib.suppress(ImportError):  # the fake's copy imports torch; its first import keeps a frame
         import torch  # noqa: F401
-    loader = DataLoader(FailsAt(16, bad=5), batch_size=4, num_workers=2)
+    loader: DataLoader[Any] = DataLoader(FailsAt(16, bad=5), batch_size=4, num_workers=2)
     moved = shmloader.to_device(loader, "cpu", transfer=FakeBackend(auto_complete=True))
     with no_cyclic_gc():
         epoch = iter(moved)
@@ -80,7 +81,7 @@ def test_to_device_left_early_stops_its_epoch_s_workers_and_still_saves_its_stat
     and slots lived on until the next epoch began, where torch's loop lets go of them."""
     from shmloader.gpu.fake import FakeBackend
 
-    loader = DataLoader(Rows(), batch_size=4, num_workers=2)
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=2)
     moved = shmloader.to_device(loader, "cpu", transfer=FakeBackend(auto_complete=True))
     with no_cyclic_gc():
         for _batch in moved:
@@ -88,7 +89,7 @@ def test_to_device_left_early_stops_its_epoch_s_workers_and_still_saves_its_stat
         del _batch
         assert workers_left() == []
     state = moved.state_dict()
-    resumed = DataLoader(Rows(), batch_size=4, num_workers=2)
+    resumed: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=2)
     resumed.load_state_dict(state)
     assert [int(b[0, 0]) for b in resumed] == [4, 8, 12]
 

@@ -77,7 +77,8 @@ def registered_names(backend: FakeBackend) -> list[str]:
 
 @pytest.mark.timeout(60)
 def test_every_slot_is_page_aligned(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
+                                                             persistent_workers=True)
     held = list(loader)  # holding every batch makes the ring grow: one slot per held batch at least
     ring = loader._iterator._ring
     assert len(ring.slots) >= len(held) == ROWS // 8
@@ -102,8 +103,8 @@ def test_slot_addresses_are_page_aligned_in_a_bare_ring(tmp_path: Any) -> None:
 
 @pytest.mark.timeout(90)
 def test_each_slot_registered_once_across_epochs(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
+                                                             persistent_workers=True)
     batches = 0
     for _epoch in range(4):
         for i, (x, _y) in enumerate(loader):
@@ -128,8 +129,8 @@ def test_resize_registers_the_new_segment_and_unregisters_the_old_first(fake: Fa
     # The first slots are 1 MiB (mp_iterator.FIRST_SLOT_BYTES); these batches are 2 MiB, so each
     # slot's first task makes the ring give it a new, larger segment.
     big = np.arange(32 * 65536, dtype=np.float32).reshape(32, 65536)
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(big), batch_size=8, num_workers=2, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(big), batch_size=8, num_workers=2,
+                                                             pin_memory=True, persistent_workers=True)
     for i, (x,) in enumerate(loader):
         np.testing.assert_array_equal(x, big[i * 8:(i + 1) * 8])
     del x
@@ -145,7 +146,7 @@ def test_resize_registers_the_new_segment_and_unregisters_the_old_first(fake: Fa
 
 @pytest.mark.timeout(90)
 def test_batches_held_past_the_end_of_an_epoch_stay_valid_and_pinned(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True)
     held = list(loader)  # the ring grows; the epoch ends and the iterator closes its ring
     names = registered_names(fake)
     assert len(names) == len(set(names)) >= len(held)
@@ -163,7 +164,8 @@ def test_batches_held_past_the_end_of_an_epoch_stay_valid_and_pinned(fake: FakeB
 
 @pytest.mark.timeout(60)
 def test_a_batch_held_past_close_stays_pinned_and_is_unpinned_before_unmap(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                                             persistent_workers=True)
     it = iter(loader)
     x, y = next(it)
     slots = loader._iterator._ring.slots
@@ -226,7 +228,8 @@ class _Broken:
 def test_a_loader_plugin_provides_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
     plugin = _OffersFake()
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True, plugins=[plugin])
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                                             plugins=[plugin])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = [x for x, _y in loader]
@@ -325,7 +328,8 @@ def test_without_accelerator_warns_once_and_batches_are_correct(
         num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
     kwargs = {"persistent_workers": True} if num_workers else {}
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True, **kwargs)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers,
+                                                             pin_memory=True, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _epoch in range(3):
@@ -342,7 +346,8 @@ def test_without_accelerator_warns_once_and_batches_are_correct(
 def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
         num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv(pinning.ENV_BACKEND, "Bogus")
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers,
+                                                             pin_memory=True)
     for _attempt in range(2):  # and again at the next iter(), not only the first
         with pytest.raises(ConfigError) as info:
             iter(loader)
@@ -350,7 +355,8 @@ def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
                                    "auto, torch, cupy, mlock, fake, none")  # fmt: skip
         assert (info.value.name, info.value.value) == (pinning.ENV_BACKEND, "Bogus")
     loader.close()
-    unpinned = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers)  # the variable is not read
+    # the variable is not read
+    unpinned: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers)
     assert len(list(unpinned)) == ROWS // 8
     unpinned.close()
 
@@ -361,7 +367,8 @@ def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
 def test_a_pin_backend_that_cannot_work_here_is_an_error_with_or_without_workers(
         num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv(pinning.ENV_BACKEND, "torch")
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers,
+                                                             pin_memory=True)
     with pytest.raises(ConfigError, match="pin backend 'torch' was asked for .* sees no CUDA device"):
         iter(loader)
     loader.close()
@@ -369,8 +376,8 @@ def test_a_pin_backend_that_cannot_work_here_is_an_error_with_or_without_workers
 
 @pytest.mark.timeout(60)
 def test_pin_memory_device_is_deprecated_as_in_torch(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
-                                  pin_memory_device="cuda:0")
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                                             pin_memory_device="cuda:0")
     with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
         first = next(iter(loader))
     np.testing.assert_array_equal(first[0], expected(0, 8))

@@ -68,7 +68,7 @@ def test_workers_that_finished_are_not_signalled_or_waited_for(method: str, sigc
 @pytest.mark.timeout(60)
 def test_a_death_is_reported_as_an_exit_whose_status_is_lost(sigchld_ignored: None,
                                                               signals_sent: list[tuple[str, int]]) -> None:
-    loader = DataLoader(pd.DiesAt(9), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(pd.DiesAt(9), batch_size=2, num_workers=2, multiprocessing_context="fork")
     try:
         with pytest.raises(WorkerDied, match="exited unexpectedly with an exit status this process cannot learn "
                                              r"\(it ignores SIGCHLD") as info:

@@ -390,6 +390,6 @@ def test_unserialisable_dataset_state_is_named() -> None:
         def load_state_dict(self, state: dict[str, Any]) -> None:
             pass
 
-    loader = shmloader.DataLoader(Opaque(), batch_size=BATCH)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Opaque(), batch_size=BATCH)
     with pytest.raises(StateError, match="not JSON-serialisable"):
         loader.state_dict()

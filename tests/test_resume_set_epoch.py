@@ -65,8 +65,8 @@ def test_set_epoch_to_another_epoch_after_loading_is_refused(workers: int, which
 def test_set_epoch_after_loading_a_state_saved_between_epochs_starts_that_epoch() -> None:
     sampler = _samplers()[0]
     sampler.set_epoch(4)
-    loader = shmloader.DataLoader(Indexed(23), batch_size=2, sampler=sampler, num_workers=2,
-                                  persistent_workers=True)  # fmt: skip
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Indexed(23), batch_size=2, sampler=sampler, num_workers=2,
+                                                             persistent_workers=True)  # fmt: skip
     with loader:
         list(loader)
         state = json.loads(json.dumps(loader.state_dict()))  # epoch 4 done: a seed to reuse, none in progress

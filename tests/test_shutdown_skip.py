@@ -93,8 +93,8 @@ def _stop(loader: DataLoader, it: Any, how: str) -> None:
                                           ("spawn", "close")])
 def test_a_stop_starts_no_queued_task(tmp_path: Any, context: str, how: str) -> None:
     log_dir = str(tmp_path)
-    loader = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
-                        multiprocessing_context=context, persistent_workers=how == "loader.close")
+    loader: DataLoader[Any] = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
+                                         multiprocessing_context=context, persistent_workers=how == "loader.close")
     it = iter(loader)
     handles = list(it._pool.workers)
     w0, w1 = (h.pid for h in handles)
@@ -132,8 +132,8 @@ def test_a_reaped_worker_that_outlives_sigterm_starts_no_queued_task(tmp_path: A
     from shmloader.engine import reaping
 
     log_dir = str(tmp_path)
-    loader = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
-                        multiprocessing_context="fork", worker_init_fn=_GateOnSigterm(log_dir))
+    loader: DataLoader[Any] = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
+                                         multiprocessing_context="fork", worker_init_fn=_GateOnSigterm(log_dir))
     it = iter(loader)
     handle = it._pool.workers[0]
     assert until(lambda: started(log_dir).get(handle.pid) == [0], 30.0), started(log_dir)

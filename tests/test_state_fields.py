@@ -180,7 +180,7 @@ class Offset(shmloader.Sampler):
 
 def _scaled_state(generator: Any) -> dict[str, Any]:
     """A mid-epoch state of a loader whose dataset has scale 5 and whose generator is ``generator``."""
-    loader = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=generator)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=generator)
     loader.dataset.scale = 5
     return _saved_after_two_batches(loader)
 
@@ -191,7 +191,8 @@ def _scaled_state(generator: Any) -> dict[str, Any]:
 ])
 def test_a_state_whose_generators_do_not_fit_this_loader_restores_nothing(saved_generator: Any, message: str) -> None:
     state = _scaled_state(saved_generator())
-    target = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=7)  # PCG64 streams
+    # PCG64 streams
+    target: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=7)
     streams = [target._generator_source.bit_generator.state, target.sampler._source.bit_generator.state]
     with pytest.raises(StateError, match=message):
         target.load_state_dict(state)
@@ -200,10 +201,11 @@ def test_a_state_whose_generators_do_not_fit_this_loader_restores_nothing(saved_
 
 
 def test_an_object_that_refuses_its_state_leaves_the_others_as_they_were() -> None:
-    saving = shmloader.DataLoader(Scaled(), batch_size=3, sampler=Offset(), generator=7)
+    saving: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, sampler=Offset(), generator=7)
     saving.sampler.offset, saving.dataset.scale = 4, 5
     state = _saved_after_two_batches(saving)
-    target = shmloader.DataLoader(Scaled(refuse=True), batch_size=3, sampler=Offset(), generator=7)
+    target: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(refuse=True), batch_size=3, sampler=Offset(),
+                                                             generator=7)
     stream = target._generator_source.bit_generator.state
     with pytest.raises(ValueError, match="Scaled refuses this state"):
         target.load_state_dict(state)
