@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 from plugin_fixtures import CloseOnBatch
 import numpy as np
 from process_helpers import workers_left
@@ -189,7 +190,7 @@ def test_a_close_that_cannot_stop_one_iterator_still_stops_every_other(monkeypat
     for t in threads:
         t.join(DEADLINE_S)
     assert not any(t.is_alive() for t in threads)
-    assert [it.closed for it in its] == [True, True]  # each closed itself as its next() returned
+    assert [mp_iter(it).closed for it in its] == [True, True]  # each closed itself as its next() returned
     assert _no_children()
 
 
@@ -252,7 +253,12 @@ def test_close_while_iter_starts_the_iterator_stops_what_it_started(monkeypatch:
     assert started.wait(DEADLINE_S)
     # the build goes on once close() has asked it to stop (or at once, where close() does not wait)
     asked = lambda: _close_asked(builder) or release.is_set()  # noqa: E731
-    releaser = threading.Thread(target=lambda: (_until(asked, "close() to ask"), release.set()), daemon=True)
+
+    def release_once_asked() -> None:
+        _until(asked, "close() to ask")
+        release.set()
+
+    releaser = threading.Thread(target=release_once_asked, daemon=True)
     releaser.start()
     loader.close()
     release.set()

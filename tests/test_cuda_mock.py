@@ -33,8 +33,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from cuda_fakes import (
@@ -58,7 +60,7 @@ from shmloader.transport.segment import PAGE_BYTES, Segment
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
     """torch.cuda as seen by the torch backend, with a recording runtime behind it (also on a
     machine with a real CUDA device: see the module docstring)."""
     torch = pytest.importorskip("torch")
@@ -98,7 +100,12 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("record_stream", s)))
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True, raising=False)
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(pin_backends, "clear_last_error", lambda: log.append(("clear_last_error",)) or True)
+
+    def clear_last_error() -> bool:
+        log.append(("clear_last_error",))
+        return True
+
+    monkeypatch.setattr(pin_backends, "clear_last_error", clear_last_error)
     pinning.accelerator_available.cache_clear()
     yield runtime
     pinning.accelerator_available.cache_clear()
@@ -127,7 +134,7 @@ def test_each_segment_is_registered_once_with_its_address_size_and_flag(
             del x  # held, its segment would stay pinned until dropped
         assert pin_warnings(caught) == []  # neither "no accelerator" nor a failed registration
         assert isinstance(loader._pinner, TorchCudaBackend)
-        segments = {s.segment.name: s.segment for s in loader._iterator._ring.slots}
+        segments = {s.segment.name: s.segment for s in mp_iter(loader._iterator)._ring.slots}
     finally:
         loader.close()
     registered = kinds(fake_cuda.log, "register")
@@ -156,9 +163,12 @@ def test_unregister_comes_before_unmap_for_a_batch_held_past_close(
             order.append("unmap")
         return unmapped
 
+    def recording_unregister(ptr: Any) -> Status:
+        order.append("unregister")
+        return Status(0)
+
     monkeypatch.setattr(Segment, "close", recording_close)
-    monkeypatch.setattr(fake_cuda, "cudaHostUnregister",
-                        lambda ptr: order.append("unregister") or Status(0))
+    monkeypatch.setattr(fake_cuda, "cudaHostUnregister", recording_unregister)
     loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
                                                              num_workers=1, pin_memory=True)
     it = iter(loader)

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 
@@ -331,7 +332,7 @@ def test_growth_past_the_budget_breaks_the_loader_cleanly(monkeypatch: pytest.Mo
         for batch in it:
             got.append(int(batch[0, 0]))
     assert got == [0, 2, 4, 6]  # every batch before the growth, intact
-    assert it.closed and multiprocessing.active_children() == []  # shut at once, not at garbage collection
+    assert mp_iter(it).closed and multiprocessing.active_children() == []  # shut at once, not at garbage collection
 
 
 @pytest.mark.parametrize("method", [m for m in ("spawn", "forkserver") if m in multiprocessing.get_all_start_methods()])

@@ -102,7 +102,8 @@ def test_single_process_pins_numpy_batches_by_copy_too() -> None:
 @pytest.mark.parametrize("loader_class", ["numpy", "torch"])
 def test_to_device_equals_the_cpu_batches(loader_class: str) -> None:
     cls = shmloader.torch.DataLoader if loader_class == "torch" else shmloader.DataLoader
-    loader = cls(dataset(), batch_size=16, num_workers=2, pin_memory=True, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = cls(dataset(), batch_size=16, num_workers=2, pin_memory=True,
+                                             persistent_workers=True)
     try:
         for _epoch in range(2):
             n = 0

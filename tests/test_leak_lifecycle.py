@@ -12,6 +12,7 @@ import os
 import signal
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from process_helpers import workers_left
@@ -42,7 +43,7 @@ def test_descriptors_stay_flat_across_worker_restarts_and_close() -> None:
                                          persistent_workers=True, multiprocessing_context="fork")
     counts = []
     for cycle in range(12):
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         next(it)
         victim = it._pool.workers[cycle % 2]
         os.kill(victim.pid, signal.SIGKILL)

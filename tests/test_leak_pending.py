@@ -16,6 +16,7 @@ import contextlib
 import weakref
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from process_helpers import workers_left
@@ -23,6 +24,7 @@ from test_leak_cycles import FailingSampler, FailsAt, FailsOnTask1, Rows, no_cyc
 
 import shmloader
 from shmloader import DataLoader
+from shmloader.gpu.prefetch_epoch import Epoch
 from shmloader.kept import NOTE, keep
 
 
@@ -44,7 +46,7 @@ def test_an_iterator_dropped_with_an_observer_s_error_kept_is_freed_at_once(num_
 def test_an_iterator_dropped_with_a_refill_error_kept_is_freed_at_once() -> None:
     loader: DataLoader[Any] = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
     with no_cyclic_gc():
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         got = []
         while it._refill_error is None:
             got.append(int(next(it)[0, 0]))
@@ -65,6 +67,7 @@ def test_to_device_dropped_with_a_read_ahead_error_kept_is_freed_at_once() -> No
     moved = shmloader.to_device(loader, "cpu", transfer=FakeBackend(auto_complete=True))
     with no_cyclic_gc():
         epoch = iter(moved)
+        assert isinstance(epoch, Epoch)
         first = next(epoch)  # batch 1 (index 5) failed while read ahead: its error waits
         np.testing.assert_array_equal(np.asarray(first), np.repeat(np.arange(4), 4).reshape(4, 4))
         assert epoch.error is not None
@@ -98,6 +101,11 @@ def fail() -> None:
     raise ValueError("deep")
 
 
+def notes(error: BaseException) -> list[str]:
+    """``error.__notes__``, which typeshed knows from Python 3.11 on (``keep`` sets it on 3.10 too)."""
+    return error.__notes__  # type: ignore[attr-defined]
+
+
 class Holder:
     """Keeps the error its method met, as the iterators do: the method's frame holds the holder."""
 
@@ -120,7 +128,7 @@ def test_keep_lets_the_keeper_go_and_keeps_where_the_error_was_met_as_text() -> 
         assert gone() is None, "the kept error's traceback held its keeper"
     assert isinstance(error, ValueError) and error.args == ("deep",)
     assert error.__traceback__ is None
-    (note,) = error.__notes__
+    (note,) = notes(error)
     assert note.startswith(NOTE)
     assert f"line {fail.__code__.co_firstlineno + 1}, in fail" in note
     assert 'raise ValueError("deep")' in note
@@ -140,7 +148,7 @@ def test_a_kept_error_s_chain_keeps_its_types_and_messages() -> None:
     cause = kept.__cause__
     assert isinstance(cause, ValueError) and cause.args == ("deep",)
     assert kept.__traceback__ is None and cause.__traceback__ is None
-    assert "in chained" in kept.__notes__[0] and "in fail" in cause.__notes__[0]
+    assert "in chained" in notes(kept)[0] and "in fail" in notes(cause)[0]
     with pytest.raises(RuntimeError, match="wrapped") as raised:
         raise kept
     assert raised.value.__cause__ is cause
@@ -151,4 +159,4 @@ def test_keep_twice_adds_no_second_note() -> None:
         fail()
     except ValueError as exc:
         kept = keep(keep(exc))
-    assert len(kept.__notes__) == 1
+    assert len(notes(kept)) == 1

@@ -19,6 +19,7 @@ from collections import OrderedDict, namedtuple
 from types import SimpleNamespace
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from ring_helpers import OWNER
@@ -80,7 +81,7 @@ def test_every_slot_is_page_aligned(fake: FakeBackend) -> None:
     loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
                                                              persistent_workers=True)
     held = list(loader)  # holding every batch makes the ring grow: one slot per held batch at least
-    ring = loader._iterator._ring
+    ring = mp_iter(loader._iterator)._ring
     assert len(ring.slots) >= len(held) == ROWS // 8
     assert len(fake.registered) == len(ring.slots)
     assert all(address % PAGE_BYTES == 0 for address in fake.registered.values())
@@ -110,7 +111,7 @@ def test_each_slot_registered_once_across_epochs(fake: FakeBackend) -> None:
         for i, (x, _y) in enumerate(loader):
             np.testing.assert_array_equal(x, expected(i, 8))
             batches += 1
-    ring = loader._iterator._ring
+    ring = mp_iter(loader._iterator)._ring
     registered = registered_names(fake)
     assert len(registered) == len(set(registered)) == ring.created_total
     assert {s.segment.name for s in ring.slots} == set(registered)
@@ -134,7 +135,7 @@ def test_resize_registers_the_new_segment_and_unregisters_the_old_first(fake: Fa
     for i, (x,) in enumerate(loader):
         np.testing.assert_array_equal(x, big[i * 8:(i + 1) * 8])
     del x
-    live = {s.segment.name for s in loader._iterator._ring.slots}
+    live = {s.segment.name for s in mp_iter(loader._iterator)._ring.slots}
     retired = [n for n in registered_names(fake) if n not in live]
     assert retired  # resized while running
     for name in retired:
@@ -168,7 +169,7 @@ def test_a_batch_held_past_close_stays_pinned_and_is_unpinned_before_unmap(fake:
                                                              persistent_workers=True)
     it = iter(loader)
     x, y = next(it)
-    slots = loader._iterator._ring.slots
+    slots = mp_iter(loader._iterator)._ring.slots
     held = next(s.segment for s in slots if s.state.value == "leased")
     name, mapping = held.name, weakref.ref(held.buf)
     del held, slots
@@ -293,7 +294,12 @@ def test_the_choice_and_the_warning_flag_are_kept_on_the_loader(monkeypatch: pyt
 def test_torch_is_asked_about_an_accelerator_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
     asked: list[bool] = []
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: asked.append(True) or False)
+
+    def is_available() -> bool:
+        asked.append(True)
+        return False
+
+    monkeypatch.setattr(torch.accelerator, "is_available", is_available)
     pinning.accelerator_available.cache_clear()
     try:
         assert [pinning.accelerator_available() for _ in range(3)] == [False] * 3 and asked == [True]
@@ -303,7 +309,8 @@ def test_torch_is_asked_about_an_accelerator_once_per_process(monkeypatch: pytes
 
 def test_iter_leaves_lists_what_map_batch_maps_and_cuda_index_defaults_to_zero() -> None:
     a, b = np.zeros(2), np.ones(3)
-    batch = OrderedDict(x=[a, (b, "label", b"raw")], pair=namedtuple("Pair", "l r")(7, {"deep": [a]}), n=None)
+    Pair = namedtuple("Pair", "l r")
+    batch = OrderedDict(x=[a, (b, "label", b"raw")], pair=Pair(7, {"deep": [a]}), n=None)
     mapped: list[Any] = []
     map_batch(batch, mapped.append)
     leaves = list(iter_leaves(batch))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 
@@ -91,7 +92,7 @@ def test_slot_state_follows_the_event(fake: FakeBackend) -> None:
     loader = pinned_loader()
     it = iter(shmloader.to_device(loader, "cpu", max_held=8))
     next(it)
-    ring = loader._iterator._ring
+    ring = mp_iter(loader._iterator)._ring
     slot0 = slot_of(ring, fake.sources[0][0]())  # the slot batch 0's copy reads
     gc.collect()
     ring.collect_released()

@@ -58,6 +58,7 @@ def test_workers_that_finished_are_not_signalled_or_waited_for(method: str, sigc
                                                                 signals_sent: list[tuple[str, int]],
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="shmloader"):
+        loader: DataLoader[Any]
         with DataLoader(pd.DiesAt(-1), batch_size=2, num_workers=2, multiprocessing_context=method) as loader:
             batches = [int(b[0, 0]) for b in loader]
     assert batches == list(range(0, pd.N, 2))

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import numpy as np
 import psutil
 import pytest
@@ -237,7 +238,7 @@ def test_an_iterable_worker_whose_share_had_ended_is_replaced_not_fatal() -> Non
     policy. It is replaced (and takes no task until the next epoch); every batch arrives once."""
     loader: DataLoader[Any] = DataLoader(fd.UnevenStream(80, short=2), batch_size=2, num_workers=2,
                                          multiprocessing_context="fork", on_worker_death="restart")
-    it = iter(loader)
+    it = mp_iter(iter(loader))
     firsts, killed = [], None
     for batch in it:
         firsts += (batch[:, 0] // 10).tolist()

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import psutil
 import pytest
 from process_helpers import shared_helper, until
@@ -145,7 +146,7 @@ def test_keyboard_interrupt_while_waiting() -> None:
     with pytest.raises(KeyboardInterrupt):
         next(it)  # the main process waits for the first batch when the interrupt comes
     ctrl_c.join()
-    assert it.closed  # the iterator closed itself on the way out, before the caller dropped it
+    assert mp_iter(it).closed  # the iterator closed itself on the way out, before the caller dropped it
     assert_clean()
 
 
@@ -169,7 +170,7 @@ def test_the_trainers_sigterm_handler_never_runs_in_a_worker_stopped_at_shutdown
     try:
         loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16, "getitem", "hang", at=4), batch_size=2, num_workers=1,
                                              multiprocessing_context="fork")
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         next(it), next(it)  # the worker now hangs on task 2 (sample 4): only a signal stops it
         handles = list(it._pool.workers)
         loader.close()
