@@ -93,7 +93,10 @@ def test_slot_state_follows_the_event(fake: FakeBackend) -> None:
     it = iter(shmloader.to_device(loader, "cpu", max_held=8))
     next(it)
     ring = mp_iter(loader._iterator)._ring
-    slot0 = slot_of(ring, fake.sources[0][0]())  # the slot batch 0's copy reads
+    source = fake.sources[0][0]()  # batch 0's array
+    assert source is not None
+    slot0 = slot_of(ring, source)  # the slot batch 0's copy reads
+    del source  # the copy's lease alone holds the slot now
     gc.collect()
     ring.collect_released()
     assert slot0.state is SlotState.LEASED  # its copy has not finished: the lease is held
@@ -313,7 +316,8 @@ class BadSample3(shmloader.Dataset):
 
 def _firsts(iterable: Any) -> list[Any]:
     """The first value of each batch, "KeyError" for an error, going on past errors, "STOP" at the end."""
-    out, it = [], iter(iterable)
+    out: list[Any] = []
+    it = iter(iterable)
     for _ in range(10):
         try:
             out.append(int(np.asarray(next(it)).ravel()[0]))

@@ -103,6 +103,7 @@ def test_a_state_dict_that_changes_later_is_saved_as_it_was_at_the_epochs_start(
     before = batches(it, 2)
     state = loader.state_dict()
     assert state["objects"]["sampler"] == {"offset": 0}
+    assert isinstance(loader.sampler, LiveOffsetSampler)
     assert state["objects"]["sampler"] is not loader.sampler.state
     resumed = make()
     resumed.load_state_dict(json.loads(json.dumps(state)))
