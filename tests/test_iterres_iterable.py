@@ -58,9 +58,11 @@ def test_a_share_ends_at_its_first_stop_iteration(num_workers: int, batch_size: 
 @pytest.mark.parametrize("batch_size", [None, 1])
 def test_a_share_ends_as_torch_ends_it(batch_size: int | None) -> None:
     torch = pytest.importorskip("torch")
+    from torch.utils.data import IterableDataset as TorchIterable
+
     kwargs: dict[str, Any] = dict(num_workers=2, batch_size=batch_size, prefetch_factor=3)
 
-    class TorchAfterStop(_YieldsAfterStop, torch.utils.data.IterableDataset):
+    class TorchAfterStop(_YieldsAfterStop, TorchIterable):
         pass
 
     want = [b.tolist() for b in torch.utils.data.DataLoader(TorchAfterStop(), **kwargs)]

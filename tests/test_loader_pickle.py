@@ -9,6 +9,7 @@ import copy
 import multiprocessing
 import pickle
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,7 +27,7 @@ def _round_trip(loader: Any) -> Any:
     return pickle.loads(pickle.dumps(loader))
 
 
-COPIES = {"pickle": _round_trip, "deepcopy": copy.deepcopy}
+COPIES: dict[str, Callable[[Any], Any]] = {"pickle": _round_trip, "deepcopy": copy.deepcopy}
 
 
 def _batches(loader: Any) -> list[Any]:

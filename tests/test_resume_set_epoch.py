@@ -28,7 +28,10 @@ def _samplers() -> list[Any]:
         from torch.utils.data import DistributedSampler as TorchDistributed
     except ImportError:
         return made
-    return [*made, TorchDistributed(Indexed(23), num_replicas=2, rank=1, shuffle=True, seed=3)]
+    # Indexed is map-style without torch's Dataset base, which torch's stubs ask for
+    theirs: TorchDistributed[int] = TorchDistributed(
+        Indexed(23), num_replicas=2, rank=1, shuffle=True, seed=3)  # type: ignore[arg-type]
+    return [*made, theirs]
 
 
 def _state_after_two_batches(sampler: Any, workers: int) -> tuple[dict[str, Any], list[int]]:
