@@ -99,6 +99,8 @@ class PoisonTask(LoaderError):
     Attributes: ``task``, ``indices``, ``attempts``, ``deaths`` (one description per death).
     """
 
+    tasks: dict[int, list[Any] | None]  # {task: indices}, as the other errors carry it (set by engine.faults.poison)
+
     def __init__(
         self, message: str, *, task: int, indices: Any, attempts: int,
         deaths: Sequence[str] = (),

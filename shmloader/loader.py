@@ -29,7 +29,7 @@ from shmloader import collate as _collate
 from shmloader import loader_checks as checks
 from shmloader import loader_copy
 from shmloader import loader_services as services
-from shmloader._generators import seed_stream
+from shmloader._generators import RandomSource, seed_stream
 from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
@@ -70,6 +70,7 @@ class DataLoader(Generic[T_co]):
 
     _to_torch = False
     _explicit: dict[str, Any]  # set by _records_explicit before __init__ runs
+    _generator_source: RandomSource  # set with ``generator`` (__setattr__): an int seed as its stream
     __initialized = False
 
     @records_explicit

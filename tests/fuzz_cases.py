@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,7 +205,8 @@ def _batch_of(kind: str, indices: list[int]) -> Any:
 
     if kind == "ranges":
         return range(indices[0], indices[0] + len(indices))
-    makers = {"lists": list, "tuples": tuple, "arrays": np.array, "tensors": torch.tensor}
+    makers: dict[str, Callable[[list[int]], Any]] = {"lists": list, "tuples": tuple, "arrays": np.array,
+                                                    "tensors": torch.tensor}
     return makers[kind](indices)
 
 

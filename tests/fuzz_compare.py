@@ -143,7 +143,8 @@ def _project(theirs: Any, recipe: tuple, batched: bool) -> Any:
     if kind in ("dict", "odict", "record"):
         assert isinstance(theirs, Mapping)
         children = dict(recipe[1])
-        return type(theirs)((key, _project(value, children[key], batched)) for key, value in theirs.items())
+        rebuild: Any = type(theirs)  # the mapping's own class, as collate rebuilds it
+        return rebuild((key, _project(value, children[key], batched)) for key, value in theirs.items())
     values = [_project(value, child, batched) for value, child in zip(theirs, recipe[1])]
     return type(theirs)(*values) if kind == "nt" else type(theirs)(values)
 

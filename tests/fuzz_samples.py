@@ -132,6 +132,7 @@ def _leaf(kind: str, params: dict[str, Any], rng: np.random.Generator, i: int) -
 
 def _values(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """An array of ``dtype`` and ``shape`` with values that survive a round trip through torch."""
+    values: np.ndarray
     if dtype == "bool":
         values = rng.random(shape) < 0.5
     elif dtype.startswith("complex"):

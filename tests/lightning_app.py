@@ -89,6 +89,7 @@ def _ddp_main(out_dir: str) -> None:
     run = trainer(out_dir, strategy="ddp", devices=2, max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0)
     run.fit(model, datamodule=Data(st.DataLoader))
     loader = run.train_dataloader
+    assert loader is not None
     record = {"rank": run.global_rank, "world_size": run.world_size, "pid": os.getpid(),
               "loader": f"{type(loader).__module__}.{type(loader).__qualname__}",
               "sampler": type(loader.sampler).__name__, "batches": model.seen["train"]}

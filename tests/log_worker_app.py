@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import shmloader
 from shmloader.log import apply_log_level
@@ -48,6 +49,7 @@ def main(setup: str) -> None:
     configure(setup)
     for method in METHODS:
         print(f"== {method}", file=sys.stderr, flush=True)
+        loader: shmloader.DataLoader[Any]
         with shmloader.DataLoader(Talking(), batch_size=2, num_workers=1, multiprocessing_context=method) as loader:
             assert [b.tolist() for b in loader] == [[0, 1]]
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_doctor_names_a_relative_directory_as_a_problem(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_given_slot_size_too_large_for_the_directory_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHMLOADER_SLOT_BYTES", str(10**23))
-    loader = shmloader.DataLoader(np.zeros((8, 2)), batch_size=2, num_workers=1)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(np.zeros((8, 2)), batch_size=2, num_workers=1)
     with pytest.raises(ShmSpaceError, match=r"slots of 10{23} bytes \(slot_bytes=, SHMLOADER_SLOT_BYTES\)"):
         iter(loader)
     loader.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,12 @@ def test_a_forked_child_probes_for_itself(tmp_path: Path, monkeypatch: pytest.Mo
     resolve_config({"shm_dir": tmp_path}, {})
     opened: list[str] = []
     real_open = os.open
-    monkeypatch.setattr(config_fields.os, "open", lambda path, *args: opened.append(path) or real_open(path, *args))
+
+    def noted_open(path: str, *args: Any) -> int:
+        opened.append(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(config_fields.os, "open", noted_open)
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only if it probed once, named as its own
         code = 1

@@ -144,8 +144,12 @@ def test_no_shmloader_module_assigns_an_array_attribute() -> None:
     found = []
     for path in sorted(package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets = node.targets if isinstance(node, ast.Assign) else (
-                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
             found += [f"{path.relative_to(package)}:{node.lineno}" for t in targets
                       if isinstance(t, ast.Attribute) and t.attr in ("shape", "strides", "dtype")
                       and not (isinstance(t.value, ast.Name) and t.value.id == "self")]

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 from plugin_fixtures import CloseOnBatch
 import numpy as np
 from process_helpers import workers_left
@@ -61,7 +62,7 @@ def _consume(it: Any, out: dict[str, Any]) -> None:
 
 def _started(dataset: Any, **kw: Any) -> tuple[DataLoader, Any]:
     """A loader of ``dataset`` (batches of 2, 2 workers) and its iterator, workers started."""
-    loader = DataLoader(dataset, batch_size=2, num_workers=2, **kw)
+    loader: DataLoader[Any] = DataLoader(dataset, batch_size=2, num_workers=2, **kw)
     return loader, iter(loader)
 
 
@@ -177,7 +178,7 @@ def test_a_close_that_cannot_stop_one_iterator_still_stops_every_other(monkeypat
 
     monkeypatch.setattr(stepguard, "CLOSE_WAIT_S", 0.2)
     plugin = BlocksOnFirstBatch()
-    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=1, plugins=[plugin])
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=1, plugins=[plugin])
     its = [iter(loader), iter(loader)]
     threads = [threading.Thread(target=next, args=(it,), daemon=True) for it in its]
     for t in threads:
@@ -189,7 +190,7 @@ def test_a_close_that_cannot_stop_one_iterator_still_stops_every_other(monkeypat
     for t in threads:
         t.join(DEADLINE_S)
     assert not any(t.is_alive() for t in threads)
-    assert [it.closed for it in its] == [True, True]  # each closed itself as its next() returned
+    assert [mp_iter(it).closed for it in its] == [True, True]  # each closed itself as its next() returned
     assert _no_children()
 
 
@@ -244,14 +245,20 @@ def test_close_while_iter_starts_the_iterator_stops_what_it_started(monkeypatch:
         release.wait(DEADLINE_S)
 
     monkeypatch.setattr(WorkerPool, "start_all", start_all_then_block)
-    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, persistent_workers=persistent)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2,
+                                         persistent_workers=persistent)
     out: dict[str, Any] = {}
     builder = threading.Thread(target=lambda: out.update(it=iter(loader)), daemon=True)
     builder.start()
     assert started.wait(DEADLINE_S)
     # the build goes on once close() has asked it to stop (or at once, where close() does not wait)
     asked = lambda: _close_asked(builder) or release.is_set()  # noqa: E731
-    releaser = threading.Thread(target=lambda: (_until(asked, "close() to ask"), release.set()), daemon=True)
+
+    def release_once_asked() -> None:
+        _until(asked, "close() to ask")
+        release.set()
+
+    releaser = threading.Thread(target=release_once_asked, daemon=True)
     releaser.start()
     loader.close()
     release.set()
@@ -286,7 +293,8 @@ def test_close_before_iter_admits_its_iterator_refuses_it(monkeypatch: pytest.Mo
     loader's (where close() cannot find it) makes that ``iter()`` raise, having started nothing."""
     from shmloader.engine.live import LiveIterators
 
-    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=num_workers, persistent_workers=num_workers > 0)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=num_workers,
+                                         persistent_workers=num_workers > 0)
     original = LiveIterators.admit
 
     def close_first(live: LiveIterators, it: Any, ticket: int) -> None:

@@ -217,7 +217,7 @@ def _copy_of_a_main_class(name: str) -> type:
     name: what a spawned worker has once cloudpickle rebuilt the main script's class there."""
     import collections
 
-    cls = collections.namedtuple(name, "x n")
+    cls = collections.namedtuple(name, "x n")  # type: ignore[misc]  # a name chosen at run time
     cls.__module__ = "__main__"
     return cls
 

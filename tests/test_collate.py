@@ -190,7 +190,7 @@ def test_mappings_keep_their_type_and_state() -> None:
     tagged = TaggedDict(v=1)
     tagged.tag = "kept"  # type: ignore[attr-defined]
     out = collate([tagged, TaggedDict(v=2)])
-    assert type(out) is TaggedDict and out.tag == "kept" and out is not tagged
+    assert type(out) is TaggedDict and out.tag == "kept" and out is not tagged  # type: ignore[attr-defined]
     frozen = collate([FrozenMapping({"k": 1}), FrozenMapping({"k": 2})])
     assert type(frozen) is FrozenMapping and list(frozen["k"]) == [1, 2]
     plain = collate([NoInitMapping(1, 0), NoInitMapping(2, 0)])

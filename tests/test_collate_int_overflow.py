@@ -9,6 +9,8 @@ array (``[2**70, 1]``). Found by tests/test_fuzz_torch_diff.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from parity_helpers import ListDataset
@@ -46,6 +48,7 @@ def test_torch_raises_the_same_type() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_the_loader_raises_it(num_workers: int) -> None:
+    loader: shmloader.DataLoader[Any]
     with shmloader.DataLoader(ListDataset([1, 2**63 + 1]), batch_size=2, num_workers=num_workers) as loader:
         with pytest.raises(ValueError, match="Overflow when unpacking long long"):
             next(iter(loader))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from shmloader.collate import (
 
 
 class Box:
-    def __init__(self, value: int) -> None:
+    def __init__(self, value: Any) -> None:
         self.value = value
 
 
@@ -30,7 +30,7 @@ class SubBox(Box):
     pass
 
 
-def box_rule(batch: list[Box], ctx: CollateContext) -> Any:
+def box_rule(batch: Sequence[Box], ctx: CollateContext) -> Any:
     return ("boxes", ctx.collate([b.value for b in batch], ".value"))
 
 
@@ -53,7 +53,7 @@ def test_rules_take_precedence_over_builtins_and_exact_type_over_mro() -> None:
 def test_rules_keyed_by_abc_or_tuple_match_by_issubclass() -> None:
     seen: list[str] = []
 
-    def mapping_rule(batch: list[Any], ctx: CollateContext) -> Any:
+    def mapping_rule(batch: Sequence[Any], ctx: CollateContext) -> Any:
         seen.append(ctx.path)
         return "mapping"
 
@@ -69,7 +69,7 @@ def test_rule_errors_from_ctx_collate_carry_the_path() -> None:
 
 
 def test_rule_gets_the_allocator_and_mode() -> None:
-    def rule(batch: list[Box], ctx: CollateContext) -> np.ndarray:
+    def rule(batch: Sequence[Box], ctx: CollateContext) -> np.ndarray:
         assert ctx.to_torch is False
         out = ctx.alloc((len(batch),), np.dtype(np.int32))
         out[:] = [b.value for b in batch]

@@ -209,7 +209,8 @@ def test_pool_threads_are_named_daemons_of_this_process(no_pool) -> None:
 
 def _collate_in_forked_child(conn: Any, parent_pool_pid: int) -> None:
     try:
-        loader = shmloader.DataLoader(ArrayDataset(BIG_BATCH), batch_size=BIG_BATCH, collate_threads=2)
+        loader: shmloader.DataLoader[Any] = shmloader.DataLoader(ArrayDataset(BIG_BATCH), batch_size=BIG_BATCH,
+                                                                 collate_threads=2)
         (batch,) = list(loader)
         pool = threads._pool
         conn.send({
@@ -338,8 +339,9 @@ def test_workers_stack_with_one_thread_and_never_use_the_pool(no_pool) -> None:
         in_process = [batch["flags"].tolist() for batch in
                       shmloader.DataLoader(ProbeDataset(BIG_BATCH), batch_size=BIG_BATCH, collate_threads=2)]
         # the workers fork from a process whose pool exists: they inherit it, and must not use it
-        loader = shmloader.DataLoader(ProbeDataset(2 * BIG_BATCH), batch_size=BIG_BATCH, num_workers=2,
-                                      multiprocessing_context="fork", collate_threads=2)
+        loader: shmloader.DataLoader[Any] = shmloader.DataLoader(ProbeDataset(2 * BIG_BATCH), batch_size=BIG_BATCH,
+                                                                 num_workers=2, multiprocessing_context="fork",
+                                                                 collate_threads=2)
         flags = [(batch["flags"].tolist(), float(batch["array"][-1, 0, 0])) for batch in loader]
     finally:
         unregister_collate_rule(Probe)

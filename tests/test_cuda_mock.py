@@ -33,8 +33,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from cuda_fakes import (
@@ -58,7 +60,7 @@ from shmloader.transport.segment import PAGE_BYTES, Segment
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
     """torch.cuda as seen by the torch backend, with a recording runtime behind it (also on a
     machine with a real CUDA device: see the module docstring)."""
     torch = pytest.importorskip("torch")
@@ -98,7 +100,12 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("record_stream", s)))
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True, raising=False)
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(pin_backends, "clear_last_error", lambda: log.append(("clear_last_error",)) or True)
+
+    def clear_last_error() -> bool:
+        log.append(("clear_last_error",))
+        return True
+
+    monkeypatch.setattr(pin_backends, "clear_last_error", clear_last_error)
     pinning.accelerator_available.cache_clear()
     yield runtime
     pinning.accelerator_available.cache_clear()
@@ -116,8 +123,8 @@ def test_each_segment_is_registered_once_with_its_address_size_and_flag(
         return segment
 
     monkeypatch.setattr(Segment, "create", staticmethod(remember))
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=2, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=2, pin_memory=True, persistent_workers=True)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -127,7 +134,7 @@ def test_each_segment_is_registered_once_with_its_address_size_and_flag(
             del x  # held, its segment would stay pinned until dropped
         assert pin_warnings(caught) == []  # neither "no accelerator" nor a failed registration
         assert isinstance(loader._pinner, TorchCudaBackend)
-        segments = {s.segment.name: s.segment for s in loader._iterator._ring.slots}
+        segments = {s.segment.name: s.segment for s in mp_iter(loader._iterator)._ring.slots}
     finally:
         loader.close()
     registered = kinds(fake_cuda.log, "register")
@@ -156,10 +163,14 @@ def test_unregister_comes_before_unmap_for_a_batch_held_past_close(
             order.append("unmap")
         return unmapped
 
+    def recording_unregister(ptr: Any) -> Status:
+        order.append("unregister")
+        return Status(0)
+
     monkeypatch.setattr(Segment, "close", recording_close)
-    monkeypatch.setattr(fake_cuda, "cudaHostUnregister",
-                        lambda ptr: order.append("unregister") or Status(0))
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    monkeypatch.setattr(fake_cuda, "cudaHostUnregister", recording_unregister)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=1, pin_memory=True)
     it = iter(loader)
     (x,) = next(it)
     del it
@@ -174,7 +185,8 @@ def test_unregister_comes_before_unmap_for_a_batch_held_past_close(
 @pytest.mark.timeout(60)
 def test_a_failed_registration_warns_once_clears_the_error_and_stays_correct(fake_cuda: FakeRuntime) -> None:
     fake_cuda.fail_register = 712
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=2, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=2, pin_memory=True)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -191,7 +203,8 @@ def test_a_failed_registration_warns_once_clears_the_error_and_stays_correct(fak
 
 @pytest.mark.timeout(60)
 def test_a_dropped_batch_records_a_fence_on_the_current_stream(fake_cuda: FakeRuntime) -> None:
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=1, pin_memory=True)
     try:
         it = iter(loader)
         (x,) = next(it)
@@ -238,8 +251,8 @@ def test_a_fence_and_an_unpin_cover_every_device_this_process_uses(
 @pytest.mark.timeout(60)
 def test_the_torch_transfer_copies_on_the_side_stream_and_the_caller_waits(fake_cuda: FakeRuntime) -> None:
     torch = pytest.importorskip("torch")
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=1, pin_memory=True, persistent_workers=True)
     backend = TorchCudaBackend()
     # "cpu" stands in for a CUDA device: the copies are real, streams and events are the fakes'.
     backend._target = lambda device: (torch.device("cpu"), True, None)  # type: ignore[method-assign]
@@ -289,7 +302,8 @@ def test_a_copy_that_fails_midway_finishes_what_it_enqueued_before_raising(
 
 @pytest.mark.timeout(60)
 def test_numpy_batches_view_registered_memory(fake_cuda: FakeRuntime) -> None:
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=1, pin_memory=True)
     try:
         it = iter(loader)
         (x,) = next(it)
@@ -302,7 +316,8 @@ def test_numpy_batches_view_registered_memory(fake_cuda: FakeRuntime) -> None:
 @pytest.mark.timeout(60)
 def test_a_batch_from_a_dropped_iterator_stays_registered_while_held(fake_cuda: FakeRuntime) -> None:
     """``next(iter(loader))``: the iterator is dropped at once (tests/test_gpu.py's numpy test)."""
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=1, pin_memory=True)
     try:
         (x,) = next(iter(loader))
         gc.collect()

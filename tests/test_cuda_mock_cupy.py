@@ -90,8 +90,8 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
 
 @pytest.mark.timeout(60)
 def test_cupy_registers_each_segment_once_and_moves_batches(fake_cupy: FakeRuntime) -> None:
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=1, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=1, pin_memory=True, persistent_workers=True)
     try:
         assert CupyBackend.usable()
         moved = [x.host.copy() for (x,) in shmloader.to_device(loader, "cuda:0")]

@@ -154,8 +154,9 @@ def assert_round_robin(epoch: list[np.ndarray], workers: int, first_task: int = 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [2, 3])
 def test_task_t_runs_on_worker_t_mod_n_every_epoch(workers: int) -> None:
-    loader = shmloader.DataLoader(WhoRan(), batch_size=3, shuffle=True, generator=5, num_workers=workers,
-                                  persistent_workers=True, multiprocessing_context=FORK)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(WhoRan(), batch_size=3, shuffle=True, generator=5,
+                                                             num_workers=workers, persistent_workers=True,
+                                                             multiprocessing_context=FORK)
     for epoch in run_epochs(loader):
         assert len(epoch) == 10
         assert_round_robin(epoch, workers)
@@ -183,8 +184,9 @@ def test_a_resumed_epoch_keeps_the_task_numbers_assignment() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [2, 3])
 def test_out_of_order_round_robin_delivers_every_batch_once(workers: int) -> None:
-    loader = shmloader.DataLoader(WhoRan(61), batch_size=3, shuffle=True, generator=9, num_workers=workers,
-                                  in_order=False, persistent_workers=True, multiprocessing_context=FORK)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(WhoRan(61), batch_size=3, shuffle=True, generator=9,
+                                                             num_workers=workers, in_order=False,
+                                                             persistent_workers=True, multiprocessing_context=FORK)
     for epoch in run_epochs(loader):
         samples = sorted(int(i) for b in epoch for i in np.asarray(b)[:, 0])
         assert samples == list(range(61))
@@ -194,9 +196,10 @@ def test_out_of_order_round_robin_delivers_every_batch_once(workers: int) -> Non
 @pytest.mark.timeout(120)
 def test_least_loaded_with_task_seeding_is_reproducible_run_to_run() -> None:
     def run() -> list[list[Any]]:
-        loader = shmloader.DataLoader(NumpyAugmented(), batch_size=4, shuffle=True, generator=21, num_workers=3,
-                                      dispatch="least_loaded", task_seeding=True, persistent_workers=True,
-                                      multiprocessing_context=FORK)
+        loader: shmloader.DataLoader[Any] = shmloader.DataLoader(NumpyAugmented(), batch_size=4, shuffle=True,
+                                                                 generator=21, num_workers=3, dispatch="least_loaded",
+                                                                 task_seeding=True, persistent_workers=True,
+                                                                 multiprocessing_context=FORK)
         assert loader._config.dispatch == "least_loaded"
         return [[np.asarray(b).tolist() for b in epoch] for epoch in run_epochs(loader)]
 
@@ -249,14 +252,14 @@ def test_a_skipped_task_takes_its_turn_in_the_cycle() -> None:
 
 
 def test_default_is_round_robin() -> None:
-    loader = shmloader.DataLoader(WhoRan(), batch_size=3)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(WhoRan(), batch_size=3)
     assert loader._config.dispatch == "round_robin"
     assert loader._config.provenance["dispatch"] == "default"
 
 
 def test_environment_variable_sets_it_and_an_argument_beats_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHMLOADER_DISPATCH", "least_loaded")
-    loader = shmloader.DataLoader(WhoRan(), batch_size=3)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(WhoRan(), batch_size=3)
     assert loader._config.dispatch == "least_loaded"
     assert loader._config.provenance["dispatch"] == "environment"
     loader = shmloader.DataLoader(WhoRan(), batch_size=3, dispatch="round_robin")
@@ -285,7 +288,8 @@ def test_bad_argument_names_the_argument() -> None:
 @pytest.mark.timeout(120)
 def test_least_loaded_from_the_environment_delivers_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHMLOADER_DISPATCH", "least_loaded")
-    loader = shmloader.DataLoader(WhoRan(), batch_size=3, num_workers=2, multiprocessing_context=FORK)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(WhoRan(), batch_size=3, num_workers=2,
+                                                             multiprocessing_context=FORK)
     [epoch] = run_epochs(loader, epochs=1)
     assert [int(i) for b in epoch for i in np.asarray(b)[:, 0]] == list(range(30))
 

@@ -76,6 +76,7 @@ def test_distributed_sampler_state_resumes_its_epoch_and_refuses_another_shard()
         return shmloader.DataLoader(Noisy(N), batch_size=2, sampler=sampler, task_seeding=True, generator=1)
 
     first = loader(0)
+    assert isinstance(first.sampler, shmloader.DistributedSampler)
     first.sampler.set_epoch(4)
     it = iter(first)
     before = batches(it, 2)
@@ -83,6 +84,7 @@ def test_distributed_sampler_state_resumes_its_epoch_and_refuses_another_shard()
     assert state["objects"]["sampler"] == {"epoch": 4, "seed": 3, "num_replicas": WORLD, "rank": 0}
     again = loader(0)
     again.load_state_dict(state)
+    assert isinstance(again.sampler, shmloader.DistributedSampler)
     assert again.sampler.epoch == 4 and before + batches(again) == before + batches(it)
     with pytest.raises(ValueError, match="rank saved 0, this sampler 1"):
         loader(1).load_state_dict(state)

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 
@@ -105,7 +106,7 @@ def test_crash_case(method: str, where: str, how: str, monkeypatch: pytest.Monke
     if where in ("start", "init"):  # a hang in start-up: give start-up the task deadline, not 30 s
         monkeypatch.setattr(faults, "START_TIMEOUT_FLOOR_S", 0.0)
     cls, pattern = expected(where, how)
-    loader = DataLoader(num_workers=1, multiprocessing_context=method, **loader_kwargs(where, how))
+    loader: DataLoader[Any] = DataLoader(num_workers=1, multiprocessing_context=method, **loader_kwargs(where, how))
     got: list[Any] = []
     started = time.monotonic()  # then the last batch's arrival: a fault after it is timed from there,
     with pytest.raises(cls) as info:  # not from a (spawned, on a loaded machine slow) worker's start
@@ -146,7 +147,8 @@ def check_attributes(exc: BaseException, where: str, how: str) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_death_is_reported_within_a_second(method: str, tmp_path: Any) -> None:
     stamp = str(tmp_path / "died_at")
-    loader = DataLoader(fd.StampAndDie(stamp), batch_size=2, num_workers=2, multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(fd.StampAndDie(stamp), batch_size=2, num_workers=2,
+                                         multiprocessing_context=method)
     with pytest.raises(WorkerDied, match=r"SIGKILL \(9\) while running task 4 \(sample indices \[8\.\.9\]\)"):
         for _ in loader:
             pass
@@ -266,7 +268,7 @@ def test_a_shm_dir_where_no_segment_can_be_made_is_named(monkeypatch: pytest.Mon
     # defence, for a directory that stops taking files after the loader was built.
     monkeypatch.setattr(config_fields, "probe_dir", lambda path: None)
     monkeypatch.setenv("SHMLOADER_SHM_DIR", "/proc")  # exists, takes no files
-    loader = DataLoader(np.arange(16.0).reshape(8, 2), batch_size=2, num_workers=2)
+    loader: DataLoader[Any] = DataLoader(np.arange(16.0).reshape(8, 2), batch_size=2, num_workers=2)
     try:
         with pytest.raises(OSError, match=r"cannot create a shared-memory segment in /proc .*SHMLOADER_SHM_DIR"):
             next(iter(loader))
@@ -277,7 +279,7 @@ def test_a_shm_dir_where_no_segment_can_be_made_is_named(monkeypatch: pytest.Mon
 @pytest.mark.timeout(30)
 def test_loader_preflight_with_slot_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 1 << 20)
-    loader = DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=2, slot_bytes=1 << 20)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=2, slot_bytes=1 << 20)
     with pytest.raises(ShmSpaceError, match=r"the slot ring \(6 slots of 1048576 bytes.*only 1048576 bytes free"):
         iter(loader)
     assert multiprocessing.active_children() == []  # it failed before starting any worker
@@ -289,7 +291,8 @@ def test_loader_turns_enospc_into_shm_space_error(monkeypatch: pytest.MonkeyPatc
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)  # the main process is the only one that creates
-    loader = DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(8), batch_size=2, num_workers=1,
+                                         multiprocessing_context="fork")
     try:
         with pytest.raises(ShmSpaceError, match="No space left on device"):
             next(iter(loader))  # iter() sends the first tasks, as torch's does: their slots are made there
@@ -307,7 +310,8 @@ def test_shm_dir_places_untracked_segments_and_unlinks_them(method: str, tmp_pat
     registered: list[str] = []
     monkeypatch.setattr(segment, "_register", registered.append)
     monkeypatch.setenv("SHMLOADER_SHM_DIR", str(tmp_path))
-    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2, multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=2,
+                                         multiprocessing_context=method)
     it = iter(loader)
     first = next(it)
     inside = sorted(os.listdir(tmp_path))
@@ -328,7 +332,7 @@ def test_growth_past_the_budget_breaks_the_loader_cleanly(monkeypatch: pytest.Mo
         for batch in it:
             got.append(int(batch[0, 0]))
     assert got == [0, 2, 4, 6]  # every batch before the growth, intact
-    assert it.closed and multiprocessing.active_children() == []  # shut at once, not at garbage collection
+    assert mp_iter(it).closed and multiprocessing.active_children() == []  # shut at once, not at garbage collection
 
 
 @pytest.mark.parametrize("method", [m for m in ("spawn", "forkserver") if m in multiprocessing.get_all_start_methods()])
@@ -338,7 +342,7 @@ def test_what_a_spawned_worker_cannot_receive_is_named(method: str, argument: st
     workers; one that does not pickle used to be pickle's bare ``TypeError: cannot pickle
     '_thread.lock' object``, naming none of them. Its type is kept."""
     kw: dict[str, Any] = {"dataset": fd.FaultyDataset(8), argument: fd.HoldsALock()}
-    loader = DataLoader(batch_size=2, num_workers=1, multiprocessing_context=method, **kw)
+    loader: DataLoader[Any] = DataLoader(batch_size=2, num_workers=1, multiprocessing_context=method, **kw)
     with pytest.raises(TypeError) as info:
         iter(loader)
     assert str(info.value).startswith(f"the {argument} (HoldsALock) cannot be pickled, as the {method!r} start "

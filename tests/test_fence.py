@@ -27,6 +27,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from ring_helpers import OWNER, leased
@@ -37,6 +38,7 @@ from shmloader.gpu.cupy_backend import CupyBackend, _CupyEvent
 from shmloader.gpu.fake import FakeBackend, FakeEvent, read_journal
 from shmloader.gpu.mlock import MlockBackend
 from shmloader.gpu.owned import ForeignProcessError
+from shmloader.gpu.prefetch_epoch import Epoch
 from shmloader.owner import ProcessOwner
 from shmloader.transport.ring import Ring, SlotState
 from shmloader.transport.segment import Segment
@@ -155,7 +157,7 @@ def test_no_worker_rewrites_a_slot_before_its_fence_completes(fake: FakeBackend)
             expect = np.arange(k * 8 * COLS, (k + 1) * 8 * COLS, dtype=np.float32).reshape(8, COLS)
             np.testing.assert_array_equal(x, expect)
             del x
-        ring = dl._iterator._ring
+        ring = mp_iter(dl._iterator)._ring
         gc.collect()
         ring.collect_released()
         # Every batch of the epoch was dropped but no fence completed: no slot was ever reused.
@@ -182,7 +184,7 @@ def test_with_max_slots_a_loader_waits_for_fences_instead_of_failing(fake: FakeB
         got = [x.copy() for (x,) in dl]
         assert len(got) == ROWS // 8
         np.testing.assert_array_equal(np.concatenate(got), np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS))
-        assert len(dl._iterator._ring.slots) <= 2
+        assert len(mp_iter(dl._iterator)._ring.slots) <= 2
         assert any(e.synchronized for e in fake.fences)
     finally:
         dl.close()
@@ -196,7 +198,7 @@ def test_no_fence_without_a_device_backend(backend: str, monkeypatch: pytest.Mon
         dl = loader()
         try:
             assert sum(1 for _ in dl) == ROWS // 8
-            assert dl._iterator._ring._fence is None
+            assert mp_iter(dl._iterator)._ring._fence is None
         finally:
             dl.close()
 
@@ -268,22 +270,31 @@ def test_every_backend_entry_point_is_inert_in_a_forked_child(tmp_path: Any, mon
     if importlib.util.find_spec("torch") is None:  # the backend imports torch when it is made
         monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())
     torch_backend = TorchCudaBackend()
-    torch_backend._torch = torch_runtime  # every torch call the backend makes lands in the log
+    # a Recorder in torch's place: every torch call the backend makes lands in the log
+    torch_backend._torch = torch_runtime  # type: ignore[assignment]
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cupy_runtime.cuda))
     cupy_backend = CupyBackend()
     libc_calls: list[str] = []
-    libc = types.SimpleNamespace(mlock=lambda *a: libc_calls.append("mlock") or 0,
-                                 munlock=lambda *a: libc_calls.append("munlock") or 0)
+
+    def libc_call(name: str) -> Callable[..., int]:
+        def call(*args: Any) -> int:
+            libc_calls.append(name)
+            return 0
+        return call
+
+    libc = types.SimpleNamespace(mlock=libc_call("mlock"), munlock=libc_call("munlock"))
     mlock_backend = MlockBackend(libc=libc)
     owner = ProcessOwner()
-    events = [FakeEvent(1), _TorchEvent(Recorder(torch_runtime._log), owner),
-              _CupyEvent(Recorder(cupy_runtime._log), owner), _TorchFence([Recorder(torch_runtime._log)] * 2, owner)]
+    events: list[Any] = [FakeEvent(1), _TorchEvent(Recorder(torch_runtime._log), owner),
+                         _CupyEvent(Recorder(cupy_runtime._log), owner),
+                         _TorchFence([Recorder(torch_runtime._log)] * 2, owner)]
     torch_runtime._log.clear()
     cupy_runtime._log.clear()
 
     def child() -> dict[str, Any]:
         found: dict[str, Any] = {}
-        for backend in (fake, torch_backend, cupy_backend, mlock_backend):
+        backends: tuple[Any, ...] = (fake, torch_backend, cupy_backend, mlock_backend)  # mlock: no Transfer side
+        for backend in backends:
             name = backend.name
             found[f"{name} fence"] = backend.fence()
             found[f"{name} register"] = backend.register_segment(segment)
@@ -327,6 +338,7 @@ def test_a_prefetcher_inherited_mid_epoch_is_inert_in_a_forked_child(fake: FakeB
     try:
         moved = shmloader.to_device(dl, "cpu", max_held=8)
         steps = iter(moved)
+        assert isinstance(steps, Epoch)  # the prefetcher's epoch, which a worker may inherit
         next(steps)  # batch 0 held (its copy unfinished), batch 1 read ahead and copying
 
         def child() -> tuple[int, bool]:
@@ -357,8 +369,8 @@ def test_no_backend_call_comes_from_a_worker_collecting_inherited_garbage(
     left in a reference cycle; a second loader forks workers that collect it at start."""
     fake.journal = str(tmp_path / "calls")
     data = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
-    first = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2, pin_memory=True,
-                                 multiprocessing_context="fork")
+    first: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2,
+                                                            pin_memory=True, multiprocessing_context="fork")
     if garbage == "batches":
         held: Any = list(first)
     else:  # batches held by the prefetcher, its copies unfinished
@@ -369,8 +381,9 @@ def test_no_backend_call_comes_from_a_worker_collecting_inherited_garbage(
     gc.disable()  # the garbage must still be there when the second loader forks its workers
     try:
         del held, cycle, first
-        second = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16, num_workers=2,
-                                      worker_init_fn=collect_garbage, multiprocessing_context="fork")
+        second: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=16,
+                                                                 num_workers=2, worker_init_fn=collect_garbage,
+                                                                 multiprocessing_context="fork")
         assert sum(len(x) for (x,) in second) == 256
         second.close()
     finally:

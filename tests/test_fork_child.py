@@ -86,7 +86,7 @@ def _give_first_batches_to_a_child(loaders: list[Any], epochs: int = 3) -> list[
 
 
 def _loader(flavour: str, num_workers: int, persistent: bool) -> Any:
-    kwargs = dict(batch_size=BS, num_workers=num_workers, persistent_workers=persistent)
+    kwargs: dict[str, Any] = dict(batch_size=BS, num_workers=num_workers, persistent_workers=persistent)
     if num_workers:
         kwargs.update(prefetch_factor=1, multiprocessing_context="fork")
     if flavour == "torch":
@@ -120,8 +120,9 @@ def test_batches_of_several_loaders_given_to_one_child_stay_intact() -> None:
 @pytest.mark.timeout(60)
 def test_our_own_worker_starts_and_restarts_do_not_retire_held_slots(tmp_path: Any) -> None:
     held_loader = _loader("numpy", 1, True)
-    other = shmloader.DataLoader(fd.PlannedFaults(16, str(tmp_path), {3: "kill"}), batch_size=2, num_workers=2,
-                                 multiprocessing_context="fork", on_worker_death="restart")
+    other: shmloader.DataLoader[Any] = shmloader.DataLoader(fd.PlannedFaults(16, str(tmp_path), {3: "kill"}),
+                                                            batch_size=2, num_workers=2,
+                                                            multiprocessing_context="fork", on_worker_death="restart")
     try:
         it = iter(held_loader)
         batch = next(it)
@@ -153,7 +154,8 @@ def _fork_and_reap() -> None:
 def _held_across_a_fork(ring: Ring) -> Slot:
     """A slot of ``ring`` whose batch was held while another's fork ran, then dropped."""
     slot = ring.grow(4096, OWNER)
-    view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))
+    # a leased slot is a ctypes array, a buffer numpy's stubs do not list
+    view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))  # type: ignore[arg-type]
     _fork_and_reap()
     del view
     gc.collect()
@@ -168,7 +170,8 @@ def test_a_slot_leased_across_a_foreign_fork_gets_a_fresh_segment() -> None:
     try:
         slot = ring.grow(4096, OWNER)
         old = slot.segment.name
-        view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))
+        # a leased slot is a ctypes array, a buffer numpy's stubs do not list
+        view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))  # type: ignore[arg-type]
         _fork_and_reap()
         del view
         gc.collect()
@@ -193,7 +196,8 @@ def test_a_spent_slot_is_unlinked_once_by_close_and_shrink(monkeypatch: pytest.M
     for k in range(3):
         slots.append(ring.grow(4096, (0, k)))
         ring.fill(slots[-1], (0, k))
-        views.append(np.ndarray((8,), np.uint8, buffer=ring.lease(slots[-1], (0, k))))
+        # a leased slot is a ctypes array, a buffer numpy's stubs do not list
+        views.append(np.ndarray((8,), np.uint8, buffer=ring.lease(slots[-1], (0, k))))  # type: ignore[arg-type]
     _fork_and_reap()
     del views
     gc.collect()
@@ -241,8 +245,12 @@ def test_a_fenced_slot_cools_before_its_segment_is_retired() -> None:
     """A pinned ring: the device copy enqueued before the drop may read the slot until its fence."""
     retired: list[str] = []
     events: list[_Event] = []
-    ring = Ring("/dev/shm", on_retire=lambda s: retired.append(s.name),
-                fence=lambda: events.append(_Event()) or events[-1])
+
+    def fence() -> _Event:
+        events.append(_Event())
+        return events[-1]
+
+    ring = Ring("/dev/shm", on_retire=lambda s: retired.append(s.name), fence=fence)
     try:
         slot = _held_across_a_fork(ring)
         assert ring.collect_released() == 0 and ring.cooling == 1 and retired == []

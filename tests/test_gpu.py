@@ -72,7 +72,7 @@ def test_batches_from_slots_are_pinned(start_method: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_numpy_batches_view_pinned_memory() -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=16, num_workers=1, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=16, num_workers=1, pin_memory=True)
     x, _y = next(iter(loader))
     assert isinstance(x, np.ndarray) and torch.from_numpy(x).is_pinned()
     del x, _y
@@ -91,7 +91,7 @@ def test_single_process_pins_by_copy_as_torch() -> None:
 def test_single_process_pins_numpy_batches_by_copy_too() -> None:
     """Without workers a numpy batch is copied into pinned memory, as it is pinned (in its slot)
     with workers; torch's ``pin_memory`` passes numpy arrays through unpinned."""
-    loader = shmloader.DataLoader(dataset(), batch_size=16, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=16, pin_memory=True)
     x, y = next(iter(loader))
     assert isinstance(x, np.ndarray) and torch.from_numpy(x).is_pinned()
     assert torch.from_numpy(y).is_pinned()
@@ -102,7 +102,8 @@ def test_single_process_pins_numpy_batches_by_copy_too() -> None:
 @pytest.mark.parametrize("loader_class", ["numpy", "torch"])
 def test_to_device_equals_the_cpu_batches(loader_class: str) -> None:
     cls = shmloader.torch.DataLoader if loader_class == "torch" else shmloader.DataLoader
-    loader = cls(dataset(), batch_size=16, num_workers=2, pin_memory=True, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = cls(dataset(), batch_size=16, num_workers=2, pin_memory=True,
+                                             persistent_workers=True)
     try:
         for _epoch in range(2):
             n = 0

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from engine_datasets import Big, BigStream
+from iter_helpers import mp_iter
 
 import shmloader
 from shmloader.collate import collate, register_collate_rule, unregister_collate_rule
@@ -336,20 +337,20 @@ def test_a_full_directory_while_a_slot_grows_is_shm_space_error(monkeypatch: pyt
     try:
         with pytest.raises(ShmSpaceError, match="No space left on device"):
             next(it)
-        assert it.closed and multiprocessing.active_children() == []
+        assert mp_iter(it).closed and multiprocessing.active_children() == []
     finally:
         it.close()
 
 
 @pytest.mark.timeout(60)
 def test_an_epoch_abandoned_while_slots_grow_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    dl = shmloader.DataLoader(Big(16, FLOATS), batch_size=4, num_workers=2, persistent_workers=True,
-                              multiprocessing_context="fork")
+    dl: shmloader.DataLoader[Any] = shmloader.DataLoader(Big(16, FLOATS), batch_size=4, num_workers=2,
+                                                         persistent_workers=True, multiprocessing_context="fork")
     first = next(iter(dl))  # the other tasks' slots may still be growing
     assert first["y"].tolist() == [0, 1, 2, 3]
     del first
     assert [b["y"].tolist()[0] for b in dl] == [0, 4, 8, 12]
-    ring = dl._iterator._ring
+    ring = mp_iter(dl._iterator)._ring
     assert all(s.growing is None for s in ring.slots)
     ours = [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{os.getpid()}_")]
     assert len(ours) == len(ring.slots)

@@ -96,7 +96,7 @@ def test_a_pool_that_fails_part_way_stops_the_workers_it_started(
     arrange(ctx, monkeypatch)
     resource_tracker.ensure_running()  # started once per process (spawn needs it): not a leak of this test
     fds = open_fds()
-    loader = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=4, multiprocessing_context=ctx)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16), batch_size=2, num_workers=4, multiprocessing_context=ctx)
     with pytest.raises(error):
         iter(loader)
     monkeypatch.undo()
@@ -201,7 +201,8 @@ def test_the_loader_sweeps_at_start_unless_switched_off(
     if switch == "env_off":
         monkeypatch.setenv("SHMLOADER_SWEEP", "0")
     kwargs: dict[str, Any] = {"sweep": False} if switch == "argument_off" else {}
-    loader = DataLoader(fd.FaultyDataset(4), batch_size=2, num_workers=1, multiprocessing_context="fork", **kwargs)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(4), batch_size=2, num_workers=1,
+                                         multiprocessing_context="fork", **kwargs)
     assert len(list(loader)) == 2
     assert stale.exists() == (switch != "default")
     assert loader._config.provenance["sweep"] == {"default": "default", "env_off": "environment",
@@ -223,7 +224,7 @@ class ArrayTooLarge:
 
 @pytest.mark.timeout(30)
 def test_a_memory_error_in_a_worker_keeps_its_type() -> None:
-    loader = DataLoader(ArrayTooLarge(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(ArrayTooLarge(), batch_size=2, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(MemoryError, match=r"Caught MemoryError in DataLoader worker process 0 \(pid \d+, task 0"):
         list(loader)
 
@@ -248,8 +249,8 @@ def test_a_worker_init_fn_that_exits_is_a_runtime_error_not_an_exit_of_the_train
     """``sys.exit()`` (or any ``BaseException`` that is not an ``Exception``) in ``worker_init_fn``
     used to come back as that type: a ``SystemExit`` ended the training process, past every
     ``except Exception`` of its loop. It comes back as a ``RuntimeError`` with torch's words."""
-    loader = DataLoader(range(8), batch_size=2, num_workers=1, worker_init_fn=fd.ExitingInit(what),
-                        multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(range(8), batch_size=2, num_workers=1, worker_init_fn=fd.ExitingInit(what),
+                                         multiprocessing_context=method)
     with pytest.raises(Exception) as info:  # a SystemExit or Abort escapes this, and fails the test
         list(loader)
     name, text = ("SystemExit", "no device for worker 0") if what == "exit" else ("Abort", "worker 0 cancelled")

@@ -18,7 +18,7 @@ from shmloader.collate import register_collate_rule, unregister_collate_rule
 try:
     import torch
 except ImportError:  # the numpy cases run without torch
-    torch = None
+    torch = None  # type: ignore[assignment]
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
@@ -172,7 +172,7 @@ class Item:
 
 
 class Items(Indices):
-    def __getitem__(self, i: int) -> Item:
+    def __getitem__(self, i: int) -> Item:  # type: ignore[override]  # a dataset of Items, not of ints
         return Item(i)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ class Readings:
         return Reading(i + 0.5)
 
 
-def tagged_rule(batch: list[Reading], ctx: Any) -> list[np.ndarray]:
+def tagged_rule(batch: Sequence[Reading], ctx: Any) -> list[np.ndarray]:
     out = ctx.alloc((len(batch),), TAGGED)
     out[:] = [r.v for r in batch]
     plain = ctx.alloc((len(batch),), np.dtype(np.int64))

@@ -74,6 +74,7 @@ def keep(samples: list[Fresh]) -> list[Fresh]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_a_batch_of_such_objects_through_workers(num_workers: int) -> None:
-    loader = shmloader.DataLoader(Samples(), batch_size=4, num_workers=num_workers, collate_fn=keep)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Samples(), batch_size=4, num_workers=num_workers,
+                                                             collate_fn=keep)
     (batch,) = list(loader)
     assert [list(map(float, s.values)) for s in batch] == [[i, i + 0.5] for i in range(4)]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from plugin_fixtures import CloseOnBatch
@@ -92,7 +93,7 @@ class _InterruptAfterTake:
 def test_a_ctrl_c_right_after_next_takes_the_step_lock_leaves_the_iterator_usable(tmp_path: Any) -> None:
     loader = _loader(tmp_path)
     try:
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         it._guard._lock = _InterruptAfterTake(it._guard._lock)
         with pytest.raises(KeyboardInterrupt):
             next(it)
@@ -108,7 +109,7 @@ def test_a_ctrl_c_right_after_next_takes_the_step_lock_leaves_the_iterator_usabl
 def test_a_ctrl_c_right_after_close_takes_the_step_lock_lets_the_next_close_finish(tmp_path: Any) -> None:
     loader = _loader(tmp_path, persistent_workers=True)
     try:
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         next(it)
         it._guard._lock = _InterruptAfterTake(it._guard._lock)
         with pytest.raises(KeyboardInterrupt):
@@ -161,7 +162,7 @@ def test_a_ctrl_c_in_the_shutdown_a_hooks_close_asked_for_still_gives_the_iterat
     plugin = CloseOnBatch()  # the shutdown runs as that next() returns, with the step lock held
     plugin.loader = loader = _loader(tmp_path, plugins=[plugin])
     try:
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         next(it)
         process = it._pool.workers[0].process
         join = process.join
@@ -220,6 +221,7 @@ def test_a_ctrl_c_once_a_restarted_worker_runs_but_before_its_start_returns_leav
     once = tmp_path / "once"
     once.mkdir()
     dataset = fd.FaultyDataset(16, where="getitem", how="kill", at=4, once_dir=str(once))
+    loader: DataLoader[Any]
     with DataLoader(dataset, batch_size=2, num_workers=2, on_worker_death="restart", shm_dir=str(tmp_path),
                     multiprocessing_context="fork") as loader:
         it = iter(loader)

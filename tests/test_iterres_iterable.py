@@ -46,7 +46,8 @@ def _items(loader: Any) -> list[Any]:
 def test_a_share_ends_at_its_first_stop_iteration(num_workers: int, batch_size: int | None) -> None:
     # batch_size=None used to ask the iterator again for each task already sent to the worker
     # (prefetch_factor of them), delivering [4], [5], ... after the worker's share had ended
-    loader = shmloader.DataLoader(AfterStop(), num_workers=num_workers, batch_size=batch_size, prefetch_factor=4)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(AfterStop(), num_workers=num_workers,
+                                                             batch_size=batch_size, prefetch_factor=4)
     items = _items(loader)
     one = [[1]] if batch_size is None else [[[1]]]
     two = [[2]] if batch_size is None else [[[2]]]
@@ -57,9 +58,11 @@ def test_a_share_ends_at_its_first_stop_iteration(num_workers: int, batch_size: 
 @pytest.mark.parametrize("batch_size", [None, 1])
 def test_a_share_ends_as_torch_ends_it(batch_size: int | None) -> None:
     torch = pytest.importorskip("torch")
+    from torch.utils.data import IterableDataset as TorchIterable
+
     kwargs: dict[str, Any] = dict(num_workers=2, batch_size=batch_size, prefetch_factor=3)
 
-    class TorchAfterStop(_YieldsAfterStop, torch.utils.data.IterableDataset):
+    class TorchAfterStop(_YieldsAfterStop, TorchIterable):
         pass
 
     want = [b.tolist() for b in torch.utils.data.DataLoader(TorchAfterStop(), **kwargs)]
@@ -100,7 +103,8 @@ def _epoch_with_errors(loader: Any) -> list[Any]:
 @pytest.mark.timeout(60)
 def test_an_iter_that_fails_in_a_later_persistent_epoch_is_the_dataset_error() -> None:
     # it used to kill the worker: WorkerDied "exit code 1", the KeyError on stderr only
-    loader = shmloader.DataLoader(FailsSecondIter(), num_workers=2, batch_size=2, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(FailsSecondIter(), num_workers=2, batch_size=2,
+                                                             persistent_workers=True)
     try:
         first = _epoch_with_errors(loader)
         second = _epoch_with_errors(loader)

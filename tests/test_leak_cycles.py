@@ -14,6 +14,7 @@ import gc
 import os
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def test_an_iterator_dropped_after_a_dataset_error_is_freed_at_once(num_workers:
     """The batch's error used to stay on the iterator (``_user_error``) after it was raised; its
     traceback's frames refer to the iterator: a cycle that kept the workers running and the
     ring mapped after ``except Boom: break`` dropped the iterator."""
-    loader = DataLoader(FailsAt(16, bad=5), batch_size=4, num_workers=num_workers)
+    loader: DataLoader[Any] = DataLoader(FailsAt(16, bad=5), batch_size=4, num_workers=num_workers)
     with no_cyclic_gc():
         fds = []
         for _ in range(5):
@@ -128,7 +129,7 @@ def _loader_class(torch_flavour: bool) -> type:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_loader_dropped_is_freed_at_once(num_workers: int) -> None:
-    loader = DataLoader(Rows(), batch_size=4, num_workers=num_workers)
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=num_workers)
     gone = weakref.ref(loader)
     with no_cyclic_gc():
         assert len(list(loader)) == 4
@@ -186,7 +187,7 @@ def test_an_iterator_whose_growth_was_refused_is_freed_at_once(monkeypatch: pyte
     from shmloader.transport import shm_space
 
     monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 12 << 20)  # 1 MiB slots fit, 4 MiB ones not
-    loader = DataLoader(Grows(), batch_size=2, num_workers=1)
+    loader: DataLoader[Any] = DataLoader(Grows(), batch_size=2, num_workers=1)
     with no_cyclic_gc():
         it = iter(loader)
         with pytest.raises(ShmSpaceError):
@@ -215,7 +216,7 @@ class FailingSampler:
 
 @pytest.mark.timeout(60)
 def test_an_iterator_whose_sampler_failed_during_a_refill_is_freed_at_once() -> None:
-    loader = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
     with no_cyclic_gc():
         it = iter(loader)
         got = []
@@ -242,7 +243,7 @@ class FailsOnTask1:
 def test_an_iterator_whose_observer_failed_is_freed_at_once(num_workers: int) -> None:
     from shmloader.errors import PluginError
 
-    loader = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
     with no_cyclic_gc():
         it = iter(loader)
         next(it), next(it)

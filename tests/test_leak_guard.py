@@ -90,8 +90,9 @@ def test_a_forkserver_workers_are_counted_though_they_carry_the_fork_servers_com
 
     import shmloader
 
-    loader = shmloader.DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True,
-                                  multiprocessing_context="forkserver")  # fmt: skip
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(list(range(8)), batch_size=2, num_workers=2,
+                                                             persistent_workers=True,
+                                                             multiprocessing_context="forkserver")  # fmt: skip
     try:
         next(iter(loader))
         assert len(workers_left()) >= 2 and any("child process" in line for line in leaks(exit_wait_s=0))

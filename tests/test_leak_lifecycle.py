@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from process_helpers import workers_left
@@ -37,11 +39,11 @@ def _mapped_segments() -> int:
 
 @pytest.mark.timeout(60)
 def test_descriptors_stay_flat_across_worker_restarts_and_close() -> None:
-    loader = DataLoader(Rows(), batch_size=2, num_workers=2, on_worker_death="restart", persistent_workers=True,
-                        multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=2, num_workers=2, on_worker_death="restart",
+                                         persistent_workers=True, multiprocessing_context="fork")
     counts = []
     for cycle in range(12):
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         next(it)
         victim = it._pool.workers[cycle % 2]
         os.kill(victim.pid, signal.SIGKILL)
@@ -57,9 +59,9 @@ def test_descriptors_stay_flat_across_worker_restarts_and_close() -> None:
 
 @pytest.mark.timeout(60)
 def test_abandoned_iterators_give_back_what_they_opened() -> None:
-    loader = DataLoader(Rows(), batch_size=2, num_workers=2, multiprocessing_context="fork")
-    persistent = DataLoader(Rows(), batch_size=2, num_workers=2, persistent_workers=True,
-                            multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    persistent: DataLoader[Any] = DataLoader(Rows(), batch_size=2, num_workers=2, persistent_workers=True,
+                                             multiprocessing_context="fork")
     counts = []
     for _ in range(20):
         next(iter(loader))  # dropped mid-epoch

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from process_helpers import workers_left
@@ -22,13 +24,14 @@ from test_leak_cycles import FailingSampler, FailsAt, FailsOnTask1, Rows, no_cyc
 
 import shmloader
 from shmloader import DataLoader
+from shmloader.gpu.prefetch_epoch import Epoch
 from shmloader.kept import NOTE, keep
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_an_iterator_dropped_with_an_observer_s_error_kept_is_freed_at_once(num_workers: int) -> None:
-    loader = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=num_workers, plugins=[FailsOnTask1()])
     with no_cyclic_gc():
         it = iter(loader)
         next(it), next(it)  # batch 1's report failed: its error waits for the next next()
@@ -41,9 +44,9 @@ def test_an_iterator_dropped_with_an_observer_s_error_kept_is_freed_at_once(num_
 
 @pytest.mark.timeout(60)
 def test_an_iterator_dropped_with_a_refill_error_kept_is_freed_at_once() -> None:
-    loader = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_sampler=FailingSampler(bad=5), num_workers=2)
     with no_cyclic_gc():
-        it = iter(loader)
+        it = mp_iter(iter(loader))
         got = []
         while it._refill_error is None:
             got.append(int(next(it)[0, 0]))
@@ -60,10 +63,11 @@ def test_to_device_dropped_with_a_read_ahead_error_kept_is_freed_at_once() -> No
 
     with contextlib.suppress(ImportError):  # the fake's copy imports torch; its first import keeps a frame
         import torch  # noqa: F401
-    loader = DataLoader(FailsAt(16, bad=5), batch_size=4, num_workers=2)
+    loader: DataLoader[Any] = DataLoader(FailsAt(16, bad=5), batch_size=4, num_workers=2)
     moved = shmloader.to_device(loader, "cpu", transfer=FakeBackend(auto_complete=True))
     with no_cyclic_gc():
         epoch = iter(moved)
+        assert isinstance(epoch, Epoch)
         first = next(epoch)  # batch 1 (index 5) failed while read ahead: its error waits
         np.testing.assert_array_equal(np.asarray(first), np.repeat(np.arange(4), 4).reshape(4, 4))
         assert epoch.error is not None
@@ -80,7 +84,7 @@ def test_to_device_left_early_stops_its_epoch_s_workers_and_still_saves_its_stat
     and slots lived on until the next epoch began, where torch's loop lets go of them."""
     from shmloader.gpu.fake import FakeBackend
 
-    loader = DataLoader(Rows(), batch_size=4, num_workers=2)
+    loader: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=2)
     moved = shmloader.to_device(loader, "cpu", transfer=FakeBackend(auto_complete=True))
     with no_cyclic_gc():
         for _batch in moved:
@@ -88,13 +92,18 @@ def test_to_device_left_early_stops_its_epoch_s_workers_and_still_saves_its_stat
         del _batch
         assert workers_left() == []
     state = moved.state_dict()
-    resumed = DataLoader(Rows(), batch_size=4, num_workers=2)
+    resumed: DataLoader[Any] = DataLoader(Rows(), batch_size=4, num_workers=2)
     resumed.load_state_dict(state)
     assert [int(b[0, 0]) for b in resumed] == [4, 8, 12]
 
 
 def fail() -> None:
     raise ValueError("deep")
+
+
+def notes(error: BaseException) -> list[str]:
+    """``error.__notes__``, which typeshed knows from Python 3.11 on (``keep`` sets it on 3.10 too)."""
+    return error.__notes__  # type: ignore[attr-defined]
 
 
 class Holder:
@@ -119,7 +128,7 @@ def test_keep_lets_the_keeper_go_and_keeps_where_the_error_was_met_as_text() -> 
         assert gone() is None, "the kept error's traceback held its keeper"
     assert isinstance(error, ValueError) and error.args == ("deep",)
     assert error.__traceback__ is None
-    (note,) = error.__notes__
+    (note,) = notes(error)
     assert note.startswith(NOTE)
     assert f"line {fail.__code__.co_firstlineno + 1}, in fail" in note
     assert 'raise ValueError("deep")' in note
@@ -139,7 +148,7 @@ def test_a_kept_error_s_chain_keeps_its_types_and_messages() -> None:
     cause = kept.__cause__
     assert isinstance(cause, ValueError) and cause.args == ("deep",)
     assert kept.__traceback__ is None and cause.__traceback__ is None
-    assert "in chained" in kept.__notes__[0] and "in fail" in cause.__notes__[0]
+    assert "in chained" in notes(kept)[0] and "in fail" in notes(cause)[0]
     with pytest.raises(RuntimeError, match="wrapped") as raised:
         raise kept
     assert raised.value.__cause__ is cause
@@ -150,4 +159,4 @@ def test_keep_twice_adds_no_second_note() -> None:
         fail()
     except ValueError as exc:
         kept = keep(keep(exc))
-    assert len(kept.__notes__) == 1
+    assert len(notes(kept)) == 1

@@ -33,7 +33,7 @@ from lightning_app import (  # noqa: E402
     Recorder,
     trainer,
 )
-from lightning_app import L as lightning  # noqa: E402
+from lightning_app import L as lightning  # type: ignore[no-redef]  # noqa: E402  # lightning.pytorch
 from torch.utils import data as tdata  # noqa: E402
 
 import shmloader.torch as st  # noqa: E402
@@ -89,13 +89,15 @@ def test_lightnings_own_reinstantiation_of_a_loader_made_outside_the_hooks() -> 
 
     ds = Indexed(TRAIN_SAMPLES)
     loader = st.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, slot_bytes=1 << 20)
-    sampler = tdata.distributed.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=SEED)
-    rebuilt = _update_dataloader(loader, sampler)  # read back from public attributes: no saved args here
+    sampler: tdata.distributed.DistributedSampler[int] = tdata.distributed.DistributedSampler(
+        ds, num_replicas=2, rank=1, shuffle=True, seed=SEED)
+    # _update_dataloader is typed to give torch's DataLoader; it gives the loader's own class (ours)
+    rebuilt: Any = _update_dataloader(loader, sampler)  # read back from public attributes: no saved args here
     assert type(rebuilt) is st.DataLoader and rebuilt.sampler is sampler and rebuilt.slot_bytes == 1 << 20
     records = [batch_record(b) for b in rebuilt]
     assert [i for r in records for i in r["index"]] == list(sampler)
     assert all(r["shm_worker"] and r["in_slot"] for r in records)
-    predicting = _update_dataloader(loader, tdata.SequentialSampler(ds), mode=RunningStage.PREDICTING)
+    predicting: Any = _update_dataloader(loader, tdata.SequentialSampler(ds), mode=RunningStage.PREDICTING)
     assert type(predicting.batch_sampler).__name__ == "_IndexBatchSamplerWrapper"
     assert [b["index"].tolist() for b in predicting] == predicting.batch_sampler.seen_batch_indices
     for made in (loader, rebuilt, predicting):
@@ -119,8 +121,9 @@ def test_ddp_on_two_cpu_processes_gives_each_rank_its_own_shard(tmp_path: Path) 
         assert record["sampler"] == "DistributedSampler"
         got = [i for b in record["batches"] for i in b["index"]]
         # exactly the shard Lightning gives torch's loader: DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED)
-        expected = tdata.distributed.DistributedSampler(range(TRAIN_SAMPLES), num_replicas=2, rank=rank,
-                                                        shuffle=True, seed=SEED)
+        # a range in the dataset's place (only its length counts): torch's stubs want a Dataset
+        expected: tdata.distributed.DistributedSampler[int] = tdata.distributed.DistributedSampler(
+            range(TRAIN_SAMPLES), num_replicas=2, rank=rank, shuffle=True, seed=SEED)  # type: ignore[arg-type]
         assert got == list(expected)
         assert all(b["shm_worker"] and b["in_slot"] and record["pid"] not in b["pids"] for b in record["batches"])
         shards.append(set(got))

@@ -9,6 +9,7 @@ import copy
 import multiprocessing
 import pickle
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,7 +27,7 @@ def _round_trip(loader: Any) -> Any:
     return pickle.loads(pickle.dumps(loader))
 
 
-COPIES = {"pickle": _round_trip, "deepcopy": copy.deepcopy}
+COPIES: dict[str, Callable[[Any], Any]] = {"pickle": _round_trip, "deepcopy": copy.deepcopy}
 
 
 def _batches(loader: Any) -> list[Any]:
@@ -37,7 +38,8 @@ def _batches(loader: Any) -> list[Any]:
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("how", sorted(COPIES))
 def test_a_copy_iterates_the_batches_the_original_would(how: str, num_workers: int) -> None:
-    loader = shmloader.DataLoader(np.arange(10), batch_size=3, shuffle=True, generator=7, num_workers=num_workers)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(np.arange(10), batch_size=3, shuffle=True, generator=7,
+                                                             num_workers=num_workers)
     _batches(loader)  # an epoch done: the copy goes on from there (epoch count, generator state)
     clone = COPIES[how](loader)
     try:
@@ -107,7 +109,8 @@ def test_a_shallow_copy_does_not_share_the_persistent_iterator(flavour: Any) -> 
 @pytest.mark.parametrize("how", sorted(COPIES))
 def test_plugins_passed_to_the_loader_come_with_the_copy(how: str, num_workers: int) -> None:
     rules = pf.PointRules()
-    loader = shmloader.DataLoader(pf.PointDataset(), batch_size=4, num_workers=num_workers, plugins=[rules, pf])
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(pf.PointDataset(), batch_size=4, num_workers=num_workers,
+                                                             plugins=[rules, pf])
     clone = COPIES[how](loader)
     try:
         carried = [p for p in clone._plugins.pm.get_plugins() if isinstance(p, pf.PointRules)]
@@ -132,7 +135,7 @@ class Locked:
 
 @pytest.mark.parametrize("how", sorted(COPIES))
 def test_a_plugin_that_cannot_be_copied_is_named(how: str) -> None:
-    loader = shmloader.DataLoader(np.arange(4), plugins=[Locked()])
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(np.arange(4), plugins=[Locked()])
     with pytest.raises(PluginError, match=r"plugin 'Locked' cannot be (pickled|copied) with its loader") as info:
         COPIES[how](loader)
     assert info.value.plugin == "Locked" and isinstance(info.value.__cause__, TypeError)
@@ -149,7 +152,7 @@ def _iterate_and_send(loader: Any, conn: Connection) -> None:
 @pytest.mark.timeout(90)
 def test_a_loader_handed_to_a_spawned_process_loads_there() -> None:
     """What ``mp.spawn(fn, args=(loader,))`` does: the loader is pickled into a fresh interpreter."""
-    loader = shmloader.DataLoader(np.arange(10), batch_size=4, num_workers=2)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(np.arange(10), batch_size=4, num_workers=2)
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_iterate_and_send, args=(loader, theirs))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def raising_handler() -> Iterator[None]:
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("raising_handler")
 def test_a_raising_handler_neither_stops_the_workers_starting_nor_their_shutdown(capfd: pytest.CaptureFixture) -> None:
-    loader = shmloader.DataLoader(np.arange(32).reshape(16, 2), batch_size=4, num_workers=2)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(np.arange(32).reshape(16, 2), batch_size=4, num_workers=2)
     assert [int(b[0, 0]) for b in loader] == [0, 8, 16, 24]
     assert workers_left() == []
     err = capfd.readouterr().err

@@ -71,7 +71,12 @@ def test_containers_are_rebuilt_as_torch_pin_memory_rebuilds_them(batch: Any) ->
     torch_utils = pytest.importorskip("torch.utils.data._utils.pin_memory")
     theirs = torch_utils.pin_memory(batch)  # no tensor leaf: no device needed
     seen: list[Any] = []
-    ours = map_batch(batch, lambda leaf: seen.append(leaf) or leaf)
+
+    def noted(leaf: Any) -> Any:
+        seen.append(leaf)
+        return leaf
+
+    ours = map_batch(batch, noted)
     assert _shape(ours) == _shape(theirs)
     assert ours is not batch
     assert seen == list(iter_leaves(batch)) == _leaves(theirs)  # every leaf torch walks to

@@ -7,6 +7,7 @@ as for an interrupt in the fetch or collate (docs/resume.md, "An interrupted bat
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ class InterruptOnce:
 @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit], ids=lambda k: k.__name__)
 def test_an_interrupt_in_an_observer_loses_no_batch(kind: type[BaseException]) -> None:
     observer = InterruptOnce(kind)
-    loader = shmloader.DataLoader(list(range(N)), batch_size=BATCH, plugins=[observer])
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(list(range(N)), batch_size=BATCH, plugins=[observer])
     it = iter(loader)
     got = [next(it).tolist()]
     with pytest.raises(kind):
@@ -44,7 +45,7 @@ def test_an_interrupt_in_an_observer_loses_no_batch(kind: type[BaseException]) -
     got += [b.tolist() for b in it]
     assert got == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert at_interrupt["delivered"] == [[0, 1]] and at_interrupt["yielded"] == 1
-    resumed = shmloader.DataLoader(list(range(N)), batch_size=BATCH)
+    resumed: shmloader.DataLoader[Any] = shmloader.DataLoader(list(range(N)), batch_size=BATCH)
     resumed.load_state_dict(at_interrupt)
     assert [np.asarray(b).tolist() for b in resumed] == got[1:]
     assert observer.heard == [0, 1, 1, 2, 3]  # the interrupted report is made again, with its batch

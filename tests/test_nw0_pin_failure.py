@@ -59,6 +59,6 @@ def test_a_batch_whose_pinning_failed_counts_as_handed_out(dataset: Any, monkeyp
     state = json.loads(json.dumps(loader.state_dict()))
     assert got == [[0, 1], [4, 5]]
     assert state["yielded"] == 3 and state["delivered"] == [[0, 3]]
-    resumed = shmloader.DataLoader(dataset, batch_size=BATCH)
+    resumed: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset, batch_size=BATCH)
     resumed.load_state_dict(state)
     assert [np.asarray(b).tolist() for b in resumed] == [[6, 7], [8, 9]]  # [4, 5] not made twice

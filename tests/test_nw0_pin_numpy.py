@@ -64,7 +64,7 @@ def _inside(array: np.ndarray, buffers: list[np.ndarray]) -> bool:
 @pytest.mark.timeout(60)
 def test_a_numpy_batch_is_copied_into_pinned_memory_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     host = _faked(monkeypatch, accelerator=True)
-    loader = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True)
     batches = list(loader)
     assert len(batches) == 2
     for k, batch in enumerate(batches):
@@ -81,7 +81,7 @@ def test_a_numpy_batch_is_copied_into_pinned_memory_whole(monkeypatch: pytest.Mo
 @pytest.mark.timeout(60)
 def test_without_an_accelerator_nothing_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
     host = _faked(monkeypatch, accelerator=False)
-    loader = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True)
     with pytest.warns(UserWarning, match="no accelerator"):
         assert len(list(loader)) == 2
     assert host.buffers == []

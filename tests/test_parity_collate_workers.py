@@ -51,7 +51,8 @@ MIXED_ERRORS: dict[str, Callable[[], list[Any]]] = {
 @pytest.fixture
 def in_a_torch_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process looks like a worker to torch's ``get_worker_info()``, as in a real worker."""
-    info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=ListDataset([]))
+    # any dataset will do (torch's stubs ask for its Dataset class)
+    info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=ListDataset([]))  # type: ignore[arg-type]
     monkeypatch.setattr(torch_worker, "_worker_info", info)
 
 

@@ -11,10 +11,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-torch = pytest.importorskip("torch")
+if TYPE_CHECKING:  # the module's names in annotations; at run time the test skips without torch
+    import torch
+else:
+    torch = pytest.importorskip("torch")
 from torch.utils import data as tud  # noqa: E402
 from tree_run import run_tree  # noqa: E402
 

@@ -65,8 +65,9 @@ def _in_child(body: Callable[[], dict[str, Any]], deadline_s: float = 30) -> dic
 
 def _first_batches(num_workers: int) -> dict[str, Any]:
     """Build a pinning loader here and read an epoch: what raised, what warned, whether it is right."""
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8, num_workers=num_workers,
-                                  pin_memory=True, multiprocessing_context="fork" if num_workers else None)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(data()), batch_size=8,
+                                                             num_workers=num_workers, pin_memory=True,
+                                                             multiprocessing_context="fork" if num_workers else None)
     answer: dict[str, Any] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -24,8 +24,8 @@ import shmloader
 def test_with_workers_another_accelerator_gets_batches_pinned_by_a_copy(monkeypatch: pytest.MonkeyPatch,
                                                                         persistent: bool) -> None:
     host = _faked(monkeypatch, accelerator=True)  # torch sees an accelerator, no backend sees CUDA
-    loader = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True, num_workers=2,
-                                  persistent_workers=persistent)  # fmt: skip
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True, num_workers=2,
+                                                             persistent_workers=persistent)  # fmt: skip
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # not torch's "no accelerator is found"
@@ -44,7 +44,7 @@ def test_with_workers_another_accelerator_gets_batches_pinned_by_a_copy(monkeypa
 def test_an_explicitly_named_backend_copies_nothing(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     host = _faked(monkeypatch, accelerator=True)
     monkeypatch.setenv("SHMLOADER_PIN_BACKEND", backend)
-    loader = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True, num_workers=2)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Rows(), batch_size=4, pin_memory=True, num_workers=2)
     batches: list[Any] = list(loader)
     assert len(batches) == 2 and host.buffers == []
     np.testing.assert_array_equal(batches[1]["pair"].y, np.arange(4, 8, dtype=np.int16))

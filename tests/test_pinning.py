@@ -19,6 +19,7 @@ from collections import OrderedDict, namedtuple
 from types import SimpleNamespace
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from ring_helpers import OWNER
@@ -77,9 +78,10 @@ def registered_names(backend: FakeBackend) -> list[str]:
 
 @pytest.mark.timeout(60)
 def test_every_slot_is_page_aligned(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
+                                                             persistent_workers=True)
     held = list(loader)  # holding every batch makes the ring grow: one slot per held batch at least
-    ring = loader._iterator._ring
+    ring = mp_iter(loader._iterator)._ring
     assert len(ring.slots) >= len(held) == ROWS // 8
     assert len(fake.registered) == len(ring.slots)
     assert all(address % PAGE_BYTES == 0 for address in fake.registered.values())
@@ -102,14 +104,14 @@ def test_slot_addresses_are_page_aligned_in_a_bare_ring(tmp_path: Any) -> None:
 
 @pytest.mark.timeout(90)
 def test_each_slot_registered_once_across_epochs(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True,
+                                                             persistent_workers=True)
     batches = 0
     for _epoch in range(4):
         for i, (x, _y) in enumerate(loader):
             np.testing.assert_array_equal(x, expected(i, 8))
             batches += 1
-    ring = loader._iterator._ring
+    ring = mp_iter(loader._iterator)._ring
     registered = registered_names(fake)
     assert len(registered) == len(set(registered)) == ring.created_total
     assert {s.segment.name for s in ring.slots} == set(registered)
@@ -128,12 +130,12 @@ def test_resize_registers_the_new_segment_and_unregisters_the_old_first(fake: Fa
     # The first slots are 1 MiB (mp_iterator.FIRST_SLOT_BYTES); these batches are 2 MiB, so each
     # slot's first task makes the ring give it a new, larger segment.
     big = np.arange(32 * 65536, dtype=np.float32).reshape(32, 65536)
-    loader = shmloader.DataLoader(shmloader.ArrayDataset(big), batch_size=8, num_workers=2, pin_memory=True,
-                                  persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(big), batch_size=8, num_workers=2,
+                                                             pin_memory=True, persistent_workers=True)
     for i, (x,) in enumerate(loader):
         np.testing.assert_array_equal(x, big[i * 8:(i + 1) * 8])
     del x
-    live = {s.segment.name for s in loader._iterator._ring.slots}
+    live = {s.segment.name for s in mp_iter(loader._iterator)._ring.slots}
     retired = [n for n in registered_names(fake) if n not in live]
     assert retired  # resized while running
     for name in retired:
@@ -145,7 +147,7 @@ def test_resize_registers_the_new_segment_and_unregisters_the_old_first(fake: Fa
 
 @pytest.mark.timeout(90)
 def test_batches_held_past_the_end_of_an_epoch_stay_valid_and_pinned(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=2, pin_memory=True)
     held = list(loader)  # the ring grows; the epoch ends and the iterator closes its ring
     names = registered_names(fake)
     assert len(names) == len(set(names)) >= len(held)
@@ -163,10 +165,11 @@ def test_batches_held_past_the_end_of_an_epoch_stay_valid_and_pinned(fake: FakeB
 
 @pytest.mark.timeout(60)
 def test_a_batch_held_past_close_stays_pinned_and_is_unpinned_before_unmap(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                                             persistent_workers=True)
     it = iter(loader)
     x, y = next(it)
-    slots = loader._iterator._ring.slots
+    slots = mp_iter(loader._iterator)._ring.slots
     held = next(s.segment for s in slots if s.state.value == "leased")
     name, mapping = held.name, weakref.ref(held.buf)
     del held, slots
@@ -226,7 +229,8 @@ class _Broken:
 def test_a_loader_plugin_provides_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
     plugin = _OffersFake()
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True, plugins=[plugin])
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                                             plugins=[plugin])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = [x for x, _y in loader]
@@ -290,7 +294,12 @@ def test_the_choice_and_the_warning_flag_are_kept_on_the_loader(monkeypatch: pyt
 def test_torch_is_asked_about_an_accelerator_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
     asked: list[bool] = []
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: asked.append(True) or False)
+
+    def is_available() -> bool:
+        asked.append(True)
+        return False
+
+    monkeypatch.setattr(torch.accelerator, "is_available", is_available)
     pinning.accelerator_available.cache_clear()
     try:
         assert [pinning.accelerator_available() for _ in range(3)] == [False] * 3 and asked == [True]
@@ -300,7 +309,8 @@ def test_torch_is_asked_about_an_accelerator_once_per_process(monkeypatch: pytes
 
 def test_iter_leaves_lists_what_map_batch_maps_and_cuda_index_defaults_to_zero() -> None:
     a, b = np.zeros(2), np.ones(3)
-    batch = OrderedDict(x=[a, (b, "label", b"raw")], pair=namedtuple("Pair", "l r")(7, {"deep": [a]}), n=None)
+    Pair = namedtuple("Pair", "l r")
+    batch = OrderedDict(x=[a, (b, "label", b"raw")], pair=Pair(7, {"deep": [a]}), n=None)
     mapped: list[Any] = []
     map_batch(batch, mapped.append)
     leaves = list(iter_leaves(batch))
@@ -325,7 +335,8 @@ def test_without_accelerator_warns_once_and_batches_are_correct(
         num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pinning.ENV_BACKEND, raising=False)
     kwargs = {"persistent_workers": True} if num_workers else {}
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True, **kwargs)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers,
+                                                             pin_memory=True, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _epoch in range(3):
@@ -342,7 +353,8 @@ def test_without_accelerator_warns_once_and_batches_are_correct(
 def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
         num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv(pinning.ENV_BACKEND, "Bogus")
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers,
+                                                             pin_memory=True)
     for _attempt in range(2):  # and again at the next iter(), not only the first
         with pytest.raises(ConfigError) as info:
             iter(loader)
@@ -350,7 +362,8 @@ def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
                                    "auto, torch, cupy, mlock, fake, none")  # fmt: skip
         assert (info.value.name, info.value.value) == (pinning.ENV_BACKEND, "Bogus")
     loader.close()
-    unpinned = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers)  # the variable is not read
+    # the variable is not read
+    unpinned: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers)
     assert len(list(unpinned)) == ROWS // 8
     unpinned.close()
 
@@ -361,7 +374,8 @@ def test_a_bad_pin_backend_is_the_same_error_with_or_without_workers(
 def test_a_pin_backend_that_cannot_work_here_is_an_error_with_or_without_workers(
         num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv(pinning.ENV_BACKEND, "torch")
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers, pin_memory=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=num_workers,
+                                                             pin_memory=True)
     with pytest.raises(ConfigError, match="pin backend 'torch' was asked for .* sees no CUDA device"):
         iter(loader)
     loader.close()
@@ -369,8 +383,8 @@ def test_a_pin_backend_that_cannot_work_here_is_an_error_with_or_without_workers
 
 @pytest.mark.timeout(60)
 def test_pin_memory_device_is_deprecated_as_in_torch(fake: FakeBackend) -> None:
-    loader = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
-                                  pin_memory_device="cuda:0")
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset(), batch_size=8, num_workers=1, pin_memory=True,
+                                                             pin_memory_device="cuda:0")
     with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
         first = next(iter(loader))
     np.testing.assert_array_equal(first[0], expected(0, 8))

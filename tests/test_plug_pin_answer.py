@@ -40,8 +40,8 @@ class Passes:
 def test_an_answer_that_is_not_a_backend_names_the_plugin_and_the_hook(answer: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's "no accelerator" warning where there is none
-        loader = shmloader.DataLoader(np.arange(8), batch_size=2, num_workers=2, pin_memory=True,
-                                      plugins=[Passes(), Answers(answer)])
+        loader: shmloader.DataLoader[Any] = shmloader.DataLoader(np.arange(8), batch_size=2, num_workers=2,
+                                                                 pin_memory=True, plugins=[Passes(), Answers(answer)])
         with loader, pytest.raises(PluginError) as caught:
             iter(loader)
     assert (caught.value.plugin, caught.value.hook) == ("Answers", "shmloader_pin_backend")

@@ -41,6 +41,7 @@ class NextFromTheHook:
 def test_next_from_inside_a_hook_is_refused_and_hands_out_no_batch_twice(num_workers: int) -> None:
     hook = NextFromTheHook()
     data = np.arange(16).reshape(8, 2)
+    loader: shmloader.DataLoader[Any]
     with shmloader.DataLoader(data, batch_size=2, num_workers=num_workers, plugins=[hook]) as loader:
         it = hook.it = iter(loader)
         firsts, errors = [], []

@@ -98,6 +98,7 @@ class FailsAtEpochEnd:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_an_epoch_whose_end_observer_raised_is_still_over(num_workers: int) -> None:
+    loader: shmloader.DataLoader[Any]
     with shmloader.DataLoader(np.arange(8), batch_size=2, num_workers=num_workers,
                               plugins=[FailsAtEpochEnd()]) as loader:
         it = iter(loader)

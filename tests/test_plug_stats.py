@@ -55,6 +55,7 @@ def test_a_resumed_epoch_counts_only_the_batches_handed_out(num_workers: int, ki
 @pytest.mark.parametrize(("num_workers", "persistent", "starts"), [(0, False, 0), (2, False, 6), (2, True, 2)])
 def test_counts_across_epochs_match_what_was_handed_out(num_workers: int, persistent: bool, starts: int) -> None:
     data = np.arange(16, dtype=np.int64)
+    loader: shmloader.DataLoader[Any]
     with shmloader.DataLoader(data, batch_size=2, num_workers=num_workers, persistent_workers=persistent) as loader:
         got = [b for _ in range(3) for b in loader]
         stats = loader.stats()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from iter_helpers import mp_iter
 import numpy as np
 import pytest
 
@@ -91,8 +92,11 @@ def test_slot_state_follows_the_event(fake: FakeBackend) -> None:
     loader = pinned_loader()
     it = iter(shmloader.to_device(loader, "cpu", max_held=8))
     next(it)
-    ring = loader._iterator._ring
-    slot0 = slot_of(ring, fake.sources[0][0]())  # the slot batch 0's copy reads
+    ring = mp_iter(loader._iterator)._ring
+    source = fake.sources[0][0]()  # batch 0's array
+    assert source is not None
+    slot0 = slot_of(ring, source)  # the slot batch 0's copy reads
+    del source  # the copy's lease alone holds the slot now
     gc.collect()
     ring.collect_released()
     assert slot0.state is SlotState.LEASED  # its copy has not finished: the lease is held
@@ -312,7 +316,8 @@ class BadSample3(shmloader.Dataset):
 
 def _firsts(iterable: Any) -> list[Any]:
     """The first value of each batch, "KeyError" for an error, going on past errors, "STOP" at the end."""
-    out, it = [], iter(iterable)
+    out: list[Any] = []
+    it = iter(iterable)
     for _ in range(10):
         try:
             out.append(int(np.asarray(next(it)).ravel()[0]))
@@ -328,7 +333,7 @@ def _firsts(iterable: Any) -> list[Any]:
 def test_an_error_read_ahead_comes_after_the_batch_before_it_and_the_epoch_goes_on(num_workers: int) -> None:
     """The prefetcher reads batch k+1 before it hands out batch k: the loader's error for k+1 used to
     be raised in place of k (a good batch lost) and ended the epoch (the rest lost too)."""
-    loader = shmloader.DataLoader(BadSample3(), batch_size=1, num_workers=num_workers)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(BadSample3(), batch_size=1, num_workers=num_workers)
     try:
         plain = _firsts(loader)
         assert plain == [0, 1, 2, "KeyError", 4, 5, "STOP"]

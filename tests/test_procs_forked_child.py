@@ -12,6 +12,7 @@ too. Such a child now exits before it sends or reads anything (``shmloader/worke
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import procs_datasets as pd
 import psutil
@@ -24,8 +25,8 @@ from shmloader import DataLoader
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_an_exception_escaping_a_forked_child_is_not_the_tasks_error(method: str, tmp_path: Path,
                                                                        capfd: pytest.CaptureFixture[str]) -> None:
-    loader = DataLoader(pd.ForkChildEscapes(3, str(tmp_path)), batch_size=2, num_workers=2,
-                        multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(pd.ForkChildEscapes(3, str(tmp_path)), batch_size=2, num_workers=2,
+                                         multiprocessing_context=method)
     try:
         batches = [b.tolist() for b in loader]
     finally:
@@ -42,8 +43,9 @@ def test_an_exception_escaping_a_forked_child_is_not_the_tasks_error(method: str
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_child_of_worker_init_fn_that_returns_takes_no_task(method: str, tmp_path: Path) -> None:
-    loader = DataLoader(pd.Pids(), batch_size=2, num_workers=2, worker_init_fn=pd.InitForkReturns(str(tmp_path)),
-                        multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(pd.Pids(), batch_size=2, num_workers=2,
+                                         worker_init_fn=pd.InitForkReturns(str(tmp_path)),
+                                         multiprocessing_context=method)
     try:
         batches = [b.tolist() for b in loader]
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import procs_datasets as pd
@@ -28,8 +29,8 @@ NOTICED_S = 15.0  # well under the helper's life (procs_datasets.HELPER_LIFE_S)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("method", METHODS)
 def test_a_worker_death_is_raised_while_a_helper_it_forked_lives(method: str, tmp_path: Path) -> None:
-    loader = DataLoader(pd.DiesAt(9), batch_size=2, num_workers=2, worker_init_fn=pd.StartsHelper(str(tmp_path)),
-                        multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(pd.DiesAt(9), batch_size=2, num_workers=2,
+                                         worker_init_fn=pd.StartsHelper(str(tmp_path)), multiprocessing_context=method)
     started = time.monotonic()
     try:
         with pytest.raises(WorkerDied, match=r"worker \d \(pid \d+\) exited unexpectedly with signal SIGKILL"):
@@ -47,9 +48,9 @@ def test_a_worker_death_is_raised_while_a_helper_it_forked_lives(method: str, tm
 def test_a_worker_with_a_helper_is_restarted_and_every_batch_comes_once(method: str, tmp_path: Path) -> None:
     helpers = tmp_path / "helpers"
     helpers.mkdir()
-    loader = DataLoader(pd.DiesAt(9, once_dir=str(tmp_path)), batch_size=2, num_workers=2,
-                        worker_init_fn=pd.StartsHelper(str(helpers)), multiprocessing_context=method,
-                        on_worker_death="restart")
+    loader: DataLoader[Any] = DataLoader(pd.DiesAt(9, once_dir=str(tmp_path)), batch_size=2, num_workers=2,
+                                         worker_init_fn=pd.StartsHelper(str(helpers)), multiprocessing_context=method,
+                                         on_worker_death="restart")
     started = time.monotonic()
     try:
         batches = [b.tolist() for b in loader]

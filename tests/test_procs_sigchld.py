@@ -58,6 +58,7 @@ def test_workers_that_finished_are_not_signalled_or_waited_for(method: str, sigc
                                                                 signals_sent: list[tuple[str, int]],
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="shmloader"):
+        loader: DataLoader[Any]
         with DataLoader(pd.DiesAt(-1), batch_size=2, num_workers=2, multiprocessing_context=method) as loader:
             batches = [int(b[0, 0]) for b in loader]
     assert batches == list(range(0, pd.N, 2))
@@ -68,7 +69,7 @@ def test_workers_that_finished_are_not_signalled_or_waited_for(method: str, sigc
 @pytest.mark.timeout(60)
 def test_a_death_is_reported_as_an_exit_whose_status_is_lost(sigchld_ignored: None,
                                                               signals_sent: list[tuple[str, int]]) -> None:
-    loader = DataLoader(pd.DiesAt(9), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(pd.DiesAt(9), batch_size=2, num_workers=2, multiprocessing_context="fork")
     try:
         with pytest.raises(WorkerDied, match="exited unexpectedly with an exit status this process cannot learn "
                                              r"\(it ignores SIGCHLD") as info:

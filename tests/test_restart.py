@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import numpy as np
 import psutil
 import pytest
@@ -47,8 +48,8 @@ def assert_exactly_once_in_order(got: list[np.ndarray], n: int = N) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_every_batch_once_in_order_despite_kills(method: str, tmp_path: Any) -> None:
     plan = {3: "kill", 9: "segv", 10: "exit", 22: "kill", 23: "kill", 37: "segv"}
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
-                        multiprocessing_context=method, on_worker_death="restart")
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
+                                         multiprocessing_context=method, on_worker_death="restart")
     got = [b.copy() for b in loader]
     assert_exactly_once_in_order(got)
     stats = loader.stats()
@@ -59,8 +60,8 @@ def test_every_batch_once_in_order_despite_kills(method: str, tmp_path: Any) -> 
 @pytest.mark.timeout(60)
 def test_out_of_order_delivery_is_still_exactly_once(tmp_path: Any) -> None:
     plan = {1: "kill", 14: "kill", 30: "exit"}
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
-                        in_order=False, on_worker_death="restart")
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
+                                         in_order=False, on_worker_death="restart")
     got = sorted((b.copy() for b in loader), key=lambda b: int(b[0, 0]))
     assert_exactly_once_in_order(got)
 
@@ -71,8 +72,9 @@ def test_a_batch_samplers_own_batches_are_re_sent_and_named_after_deaths(method:
     """The batch sampler's batches reach the engine as they are (ranges, tuples here): a dead
     worker's task is re-sent as it was, and a poison task's indices are still plain numbers."""
     batches = [range(s, s + BATCH) for s in range(0, N, BATCH)]
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {3: "kill", 22: "exit"}), batch_sampler=batches,
-                        num_workers=2, multiprocessing_context=method, on_worker_death="restart")
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), {3: "kill", 22: "exit"}),
+                                         batch_sampler=batches, num_workers=2, multiprocessing_context=method,
+                                         on_worker_death="restart")
     assert_exactly_once_in_order([b.copy() for b in loader])
     assert loader.stats()["worker_restarts"] == 2
     loader = DataLoader(fd.FaultyDataset(20, "getitem", "kill", at=5), batch_sampler=[(0, 1), (4, 5)],
@@ -100,16 +102,18 @@ class RefillingBatchSampler:
 def test_a_dead_workers_task_is_re_sent_with_its_own_indices_not_a_refilled_list(tmp_path: Any) -> None:
     """A task keeps a copy of its list of indices: a batch sampler that refills one list has moved
     on by the time a dead worker's task is sent again."""
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {3: "kill"}), batch_sampler=RefillingBatchSampler(),
-                        num_workers=2, multiprocessing_context="fork", on_worker_death="restart")
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), {3: "kill"}),
+                                         batch_sampler=RefillingBatchSampler(), num_workers=2,
+                                         multiprocessing_context="fork", on_worker_death="restart")
     assert_exactly_once_in_order([b.copy() for b in loader])
     assert loader.stats()["worker_restarts"] == 1
 
 
 @pytest.mark.timeout(60)
 def test_persistent_workers_restart_then_next_epoch(tmp_path: Any) -> None:
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {5: "kill", 6: "kill"}), batch_size=BATCH,
-                        num_workers=2, persistent_workers=True, on_worker_death="restart", max_restarts=2)
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), {5: "kill", 6: "kill"}), batch_size=BATCH,
+                                         num_workers=2, persistent_workers=True, on_worker_death="restart",
+                                         max_restarts=2)
     with loader:
         for _epoch in range(3):  # the budget is per epoch; the faults fire in the first only
             assert_exactly_once_in_order([b.copy() for b in loader])
@@ -120,9 +124,9 @@ def test_persistent_workers_restart_then_next_epoch(tmp_path: Any) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_task_seeding_makes_a_retried_batch_bit_identical(method: str, tmp_path: Any) -> None:
     def run(num_workers: int, once_dir: str | None, kill_at: tuple[int, ...]) -> list[np.ndarray]:
-        loader = DataLoader(fd.RandomDataset(N, once_dir, kill_at), batch_size=BATCH, num_workers=num_workers,
-                            multiprocessing_context=method, on_worker_death="restart", task_seeding=True,
-                            generator=7)
+        loader: DataLoader[Any] = DataLoader(fd.RandomDataset(N, once_dir, kill_at), batch_size=BATCH,
+                                             num_workers=num_workers, multiprocessing_context=method,
+                                             on_worker_death="restart", task_seeding=True, generator=7)
         return [b.copy() for b in loader]
 
     disturbed = run(2, str(tmp_path), (3, 17, 18, 31))
@@ -137,8 +141,8 @@ def test_task_seeding_makes_a_retried_batch_bit_identical(method: str, tmp_path:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
 def test_poison_task_is_named_after_max_task_attempts(method: str) -> None:
-    loader = DataLoader(fd.FaultyDataset(20, "getitem", "kill", at=5), batch_size=2, num_workers=2,
-                        multiprocessing_context=method, on_worker_death="restart", max_task_attempts=2)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(20, "getitem", "kill", at=5), batch_size=2, num_workers=2,
+                                         multiprocessing_context=method, on_worker_death="restart", max_task_attempts=2)
     with pytest.raises(PoisonTask) as info:
         for _ in loader:
             pass
@@ -153,8 +157,8 @@ def test_poison_task_is_named_after_max_task_attempts(method: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_worker_that_cannot_start_is_reported_after_two_attempts_not_restarted_forever() -> None:
-    loader = DataLoader(fd.FaultyDataset(20), worker_init_fn=fd.FaultyInit("exit"), batch_size=2, num_workers=2,
-                        on_worker_death="restart", max_restarts=16)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(20), worker_init_fn=fd.FaultyInit("exit"), batch_size=2,
+                                         num_workers=2, on_worker_death="restart", max_restarts=16)
     with pytest.raises(WorkerDied) as info:
         next(iter(loader))
     exc = info.value
@@ -193,8 +197,8 @@ def test_a_spawn_script_without_the_main_guard_is_told_about_the_guard(tmp_path:
 @pytest.mark.timeout(60)
 def test_max_restarts_bounds_deaths_spread_over_tasks(tmp_path: Any) -> None:
     plan = {i: "kill" for i in range(0, N, 3)}  # each task kills once: none is poison, but too many deaths
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
-                        on_worker_death="restart", max_restarts=4)
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
+                                         on_worker_death="restart", max_restarts=4)
     got = []
     with pytest.raises(RestartBudgetExceeded, match=r"SIGKILL \(9\) while running task \d+ .*max_restarts=4"):
         for b in loader:
@@ -206,8 +210,8 @@ def test_max_restarts_bounds_deaths_spread_over_tasks(tmp_path: Any) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
 def test_iterable_dataset_cannot_restart(method: str) -> None:
-    loader = DataLoader(fd.KillingStream(20, at=7), batch_size=2, num_workers=2, multiprocessing_context=method,
-                        on_worker_death="restart")
+    loader: DataLoader[Any] = DataLoader(fd.KillingStream(20, at=7), batch_size=2, num_workers=2,
+                                         multiprocessing_context=method, on_worker_death="restart")
     with pytest.raises(WorkerDied) as info:
         for _ in loader:
             pass
@@ -232,9 +236,9 @@ def test_an_iterable_worker_whose_share_had_ended_is_replaced_not_fatal() -> Non
     """A worker of an IterableDataset that had reported the end of its share holds no position in
     the stream: its death loses nothing, yet it ended the epoch with WorkerDied under the restart
     policy. It is replaced (and takes no task until the next epoch); every batch arrives once."""
-    loader = DataLoader(fd.UnevenStream(80, short=2), batch_size=2, num_workers=2, multiprocessing_context="fork",
-                        on_worker_death="restart")
-    it = iter(loader)
+    loader: DataLoader[Any] = DataLoader(fd.UnevenStream(80, short=2), batch_size=2, num_workers=2,
+                                         multiprocessing_context="fork", on_worker_death="restart")
+    it = mp_iter(iter(loader))
     firsts, killed = [], None
     for batch in it:
         firsts += (batch[:, 0] // 10).tolist()
@@ -252,8 +256,9 @@ def test_an_iterable_worker_whose_share_had_ended_is_replaced_not_fatal() -> Non
 @pytest.mark.parametrize("method", METHODS)
 def test_hung_worker_is_killed_and_its_task_retried(method: str, tmp_path: Any) -> None:
     deadline_s = 0.5
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {13: "hang"}), batch_size=BATCH, num_workers=2,
-                        multiprocessing_context=method, on_worker_death="restart", task_timeout_s=deadline_s)
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), {13: "hang"}), batch_size=BATCH,
+                                         num_workers=2, multiprocessing_context=method, on_worker_death="restart",
+                                         task_timeout_s=deadline_s)
     started = time.monotonic()
     got = [b.copy() for b in loader]
     assert time.monotonic() - started >= deadline_s  # the hang was waited out, not skipped
@@ -264,7 +269,8 @@ def test_hung_worker_is_killed_and_its_task_retried(method: str, tmp_path: Any) 
 @pytest.mark.timeout(60)
 def test_restart_is_configurable_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("SHMLOADER_ON_WORKER_DEATH", "restart")
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), {6: "kill"}), batch_size=BATCH, num_workers=1)
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), {6: "kill"}), batch_size=BATCH,
+                                         num_workers=1)
     assert_exactly_once_in_order([b.copy() for b in loader])
 
 
@@ -309,8 +315,8 @@ def test_a_reply_that_arrives_as_the_deadline_passes_is_used_not_killed(monkeypa
 
     monkeypatch.setattr(WaitAndRecover, "_on_quiet", reply_lands_first)
     try:
-        loader = DataLoader(GatedFirst(gate_r), batch_size=1, num_workers=1, multiprocessing_context="fork",
-                            on_worker_death=policy, task_timeout_s=0.2)
+        loader: DataLoader[Any] = DataLoader(GatedFirst(gate_r), batch_size=1, num_workers=1,
+                                             multiprocessing_context="fork", on_worker_death=policy, task_timeout_s=0.2)
         got = [b.copy() for b in loader]
     finally:
         os.close(gate_r)

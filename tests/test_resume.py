@@ -325,6 +325,7 @@ def test_sampler_and_dataset_state_dicts_are_saved_at_epoch_start() -> None:
     resumed.load_state_dict(state)
     assert resumed.dataset.scale == 3
     assert batches(resumed) == rest and before[0][0][0] == 3 * 5
+    assert isinstance(resumed.sampler, CountingSampler) and isinstance(loader.sampler, CountingSampler)
     assert resumed.sampler.offset == loader.sampler.offset == 10
 
 
@@ -390,6 +391,6 @@ def test_unserialisable_dataset_state_is_named() -> None:
         def load_state_dict(self, state: dict[str, Any]) -> None:
             pass
 
-    loader = shmloader.DataLoader(Opaque(), batch_size=BATCH)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Opaque(), batch_size=BATCH)
     with pytest.raises(StateError, match="not JSON-serialisable"):
         loader.state_dict()

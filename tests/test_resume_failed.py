@@ -107,6 +107,7 @@ def test_the_delivered_set_stays_compact_after_a_failure() -> None:
     it = iter(loader)
     assert handed_out(it)[0] == "error"
     record = loader._book.record
+    assert record is not None
     assert record.delivered.to_ranges() == [[0, -(-N // BATCH)]] and not record.delivered.above
 
 

@@ -10,7 +10,7 @@ uninterrupted one, and a state saved later has no gap where the interrupted batc
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -97,6 +97,8 @@ def _loader(where: str, kind: type[BaseException] | None) -> shmloader.DataLoade
     """Per-task seeding: an uninterrupted epoch's augmentation is the same run after run."""
     trip = Tripwire(kind)
     quiet = Tripwire(None)
+    dataset: Samples | Stream
+    collate_fn: Callable[[Any], Any]
     if where == "collate":
         dataset, collate_fn = Samples(quiet), TrippingCollate(trip)
     elif where == "stream":

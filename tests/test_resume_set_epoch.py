@@ -28,7 +28,10 @@ def _samplers() -> list[Any]:
         from torch.utils.data import DistributedSampler as TorchDistributed
     except ImportError:
         return made
-    return [*made, TorchDistributed(Indexed(23), num_replicas=2, rank=1, shuffle=True, seed=3)]
+    # Indexed is map-style without torch's Dataset base, which torch's stubs ask for
+    theirs: TorchDistributed[int] = TorchDistributed(
+        Indexed(23), num_replicas=2, rank=1, shuffle=True, seed=3)  # type: ignore[arg-type]
+    return [*made, theirs]
 
 
 def _state_after_two_batches(sampler: Any, workers: int) -> tuple[dict[str, Any], list[int]]:
@@ -65,8 +68,8 @@ def test_set_epoch_to_another_epoch_after_loading_is_refused(workers: int, which
 def test_set_epoch_after_loading_a_state_saved_between_epochs_starts_that_epoch() -> None:
     sampler = _samplers()[0]
     sampler.set_epoch(4)
-    loader = shmloader.DataLoader(Indexed(23), batch_size=2, sampler=sampler, num_workers=2,
-                                  persistent_workers=True)  # fmt: skip
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Indexed(23), batch_size=2, sampler=sampler, num_workers=2,
+                                                             persistent_workers=True)  # fmt: skip
     with loader:
         list(loader)
         state = json.loads(json.dumps(loader.state_dict()))  # epoch 4 done: a seed to reuse, none in progress

@@ -103,6 +103,7 @@ def test_a_state_dict_that_changes_later_is_saved_as_it_was_at_the_epochs_start(
     before = batches(it, 2)
     state = loader.state_dict()
     assert state["objects"]["sampler"] == {"offset": 0}
+    assert isinstance(loader.sampler, LiveOffsetSampler)
     assert state["objects"]["sampler"] is not loader.sampler.state
     resumed = make()
     resumed.load_state_dict(json.loads(json.dumps(state)))
@@ -120,7 +121,7 @@ class Uncopyable(Noisy):
 
 
 def test_a_state_dict_that_cannot_be_copied_is_named_when_saving() -> None:
-    loader = shmloader.DataLoader(Uncopyable(), batch_size=BATCH, generator=7)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Uncopyable(), batch_size=BATCH, generator=7)
     it = iter(loader)
     assert len(batches(it, 2)) == 2  # iterating is not affected: only saving needs the copy
     with pytest.raises(shmloader.state.StateError, match=r"dataset's state_dict\(\) \(.*Uncopyable\) .*copied"):
@@ -138,7 +139,7 @@ class Augmented(shmloader.Dataset):
 
 
 def test_an_int_seed_is_one_stream_that_advances_every_epoch() -> None:
-    loader = shmloader.DataLoader(Noisy(), batch_size=BATCH, shuffle=True, generator=7)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Noisy(), batch_size=BATCH, shuffle=True, generator=7)
     seeds = []
     for _ in range(3):
         it = iter(loader)
@@ -152,8 +153,8 @@ def test_an_int_seed_is_one_stream_that_advances_every_epoch() -> None:
 
 @pytest.mark.timeout(60)
 def test_an_int_seed_gives_workers_new_seeds_every_epoch() -> None:
-    loader = shmloader.DataLoader(Augmented(), batch_size=8, generator=7, num_workers=1,
-                                  multiprocessing_context="fork")
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Augmented(), batch_size=8, generator=7, num_workers=1,
+                                                             multiprocessing_context="fork")
     first, second = batches(loader), batches(loader)
     loader.close()
     assert first != second  # without task seeding, augmentation follows the worker's per-epoch seed
@@ -268,17 +269,17 @@ class Curriculum(shmloader.Dataset):
 
 def test_a_dataset_whose_length_follows_its_state_resumes() -> None:
     """The saved length is compared with the length the loaded state gives, not the fresh one's."""
-    loader = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
     loader.dataset.level = 2
     it = iter(loader)
     batches(it, 3)
     state = json.loads(json.dumps(loader.state_dict()))
     rest = batches(it)
-    resumed = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    resumed: shmloader.DataLoader[Any] = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
     resumed.load_state_dict(state)
     assert resumed.dataset.level == 2 and batches(resumed) == rest
     state["objects"]["dataset"]["level"] = 1  # a length that still differs once loaded: refused, undone
-    fresh = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
+    fresh: shmloader.DataLoader[Any] = shmloader.DataLoader(Curriculum(), batch_size=4, shuffle=True, generator=1)
     with pytest.raises(shmloader.state.StateError, match="dataset_len: saved 30, this loader 20"):
         fresh.load_state_dict(state)
     assert fresh.dataset.level == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def _intact(batch: np.ndarray, k: int) -> bool:
 def test_held_small_batches_cost_their_bytes_not_a_slot_each() -> None:
     # one large batch first makes every later slot 2.5 MiB; then 16 batches of 64 bytes, all kept
     sizes = [1 << 17] + [4] * 16
-    loader = shmloader.DataLoader(Sized(sizes), batch_size=4, num_workers=2)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Sized(sizes), batch_size=4, num_workers=2)
     it = iter(loader)
     held = [next(it) for _ in sizes]  # the epoch not ended: its segments are all still in /dev/shm
     try:
@@ -70,7 +71,8 @@ def test_held_small_batches_cost_their_bytes_not_a_slot_each() -> None:
 @pytest.mark.timeout(60)
 def test_held_batches_stay_intact_and_later_epochs_reuse_their_slots() -> None:
     sizes = [1 << 15, 4, 1 << 16, 0, 4, 1 << 14, 4, 4]
-    loader = shmloader.DataLoader(Sized(sizes), batch_size=4, num_workers=2, persistent_workers=True)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Sized(sizes), batch_size=4, num_workers=2,
+                                                             persistent_workers=True)
     try:
         for _ in range(3):
             held = list(loader)
@@ -89,7 +91,7 @@ def test_ring_trims_a_leased_slot_when_it_grows_and_renews_it_when_dropped() -> 
         slot = ring.grow(MIB, OWNER)
         ring.fill(slot, OWNER, used_bytes=100)
         buf = leased(ring, slot)
-        buf[:100] = b"x" * 100
+        buf[:100] = b"x" * 100  # type: ignore[call-overload]  # a char array takes bytes; its stub wants a list
         first = slot.segment
         other = ring.grow(MIB, (0, 1))  # every slot is held: the ring grows, the held one is trimmed
         assert first.reserved == PAGE and buf[:100] == b"x" * 100

@@ -85,7 +85,8 @@ def test_list_of_a_loader_past_the_directory_names_the_held_batches(monkeypatch:
         real(fd, offset, length)
 
     monkeypatch.setattr(segment.os, "posix_fallocate", fills_up)
-    loader = shmloader.DataLoader(Small(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Small(), batch_size=2, num_workers=2,
+                                                             multiprocessing_context="fork")
     held = []
     try:
         with pytest.raises(ShmSpaceError) as caught:

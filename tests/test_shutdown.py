@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import fault_datasets as fd
+from iter_helpers import mp_iter
 import psutil
 import pytest
 from process_helpers import shared_helper, until
@@ -139,13 +140,13 @@ def ctrl_c_once_waiting(main: int) -> threading.Thread:
 
 @pytest.mark.timeout(30)
 def test_keyboard_interrupt_while_waiting() -> None:
-    loader = DataLoader(fd.HangsAt(8, at=0), batch_size=2, num_workers=1)
+    loader: DataLoader[Any] = DataLoader(fd.HangsAt(8, at=0), batch_size=2, num_workers=1)
     it = iter(loader)
     ctrl_c = ctrl_c_once_waiting(threading.get_ident())
     with pytest.raises(KeyboardInterrupt):
         next(it)  # the main process waits for the first batch when the interrupt comes
     ctrl_c.join()
-    assert it.closed  # the iterator closed itself on the way out, before the caller dropped it
+    assert mp_iter(it).closed  # the iterator closed itself on the way out, before the caller dropped it
     assert_clean()
 
 
@@ -167,9 +168,9 @@ def test_the_trainers_sigterm_handler_never_runs_in_a_worker_stopped_at_shutdown
     job's other processes), and the worker, still alive, held the shutdown up until SIGKILL."""
     previous = signal.signal(signal.SIGTERM, NotesSigterm(str(tmp_path)))
     try:
-        loader = DataLoader(fd.FaultyDataset(16, "getitem", "hang", at=4), batch_size=2, num_workers=1,
-                            multiprocessing_context="fork")
-        it = iter(loader)
+        loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16, "getitem", "hang", at=4), batch_size=2, num_workers=1,
+                                             multiprocessing_context="fork")
+        it = mp_iter(iter(loader))
         next(it), next(it)  # the worker now hangs on task 2 (sample 4): only a signal stops it
         handles = list(it._pool.workers)
         loader.close()
@@ -182,8 +183,8 @@ def test_the_trainers_sigterm_handler_never_runs_in_a_worker_stopped_at_shutdown
 
 @pytest.mark.timeout(30)
 def test_broken_loader_can_iterate_again() -> None:
-    loader = DataLoader(fd.FaultyDataset(8, "getitem", "kill", at=2), batch_size=2, num_workers=1,
-                        persistent_workers=True)
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(8, "getitem", "kill", at=2), batch_size=2, num_workers=1,
+                                         persistent_workers=True)
     with pytest.raises(RuntimeError, match="exited unexpectedly"):
         list(loader)
     assert_clean()

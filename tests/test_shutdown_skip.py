@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from iter_helpers import mp_iter
 import psutil
 import pytest
 from process_helpers import until
@@ -93,9 +94,9 @@ def _stop(loader: DataLoader, it: Any, how: str) -> None:
                                           ("spawn", "close")])
 def test_a_stop_starts_no_queued_task(tmp_path: Any, context: str, how: str) -> None:
     log_dir = str(tmp_path)
-    loader = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
-                        multiprocessing_context=context, persistent_workers=how == "loader.close")
-    it = iter(loader)
+    loader: DataLoader[Any] = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
+                                         multiprocessing_context=context, persistent_workers=how == "loader.close")
+    it = mp_iter(iter(loader))
     handles = list(it._pool.workers)
     w0, w1 = (h.pid for h in handles)
     # worker 0 runs index 0 (blocked) with index 2 queued; worker 1 ran 1 and 3 and waits
@@ -132,9 +133,9 @@ def test_a_reaped_worker_that_outlives_sigterm_starts_no_queued_task(tmp_path: A
     from shmloader.engine import reaping
 
     log_dir = str(tmp_path)
-    loader = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
-                        multiprocessing_context="fork", worker_init_fn=_GateOnSigterm(log_dir))
-    it = iter(loader)
+    loader: DataLoader[Any] = DataLoader(GatedDataset(log_dir), batch_size=None, num_workers=2, prefetch_factor=2,
+                                         multiprocessing_context="fork", worker_init_fn=_GateOnSigterm(log_dir))
+    it = mp_iter(iter(loader))
     handle = it._pool.workers[0]
     assert until(lambda: started(log_dir).get(handle.pid) == [0], 30.0), started(log_dir)
     reaping.reap(handle)

@@ -17,6 +17,7 @@ import pytest
 
 import shmloader
 from shmloader.errors import StateError
+from shmloader.samplers import RandomSampler
 
 torch = pytest.importorskip("torch")  # the states below hold a torch generator and torch's global RNG
 
@@ -105,6 +106,12 @@ def _numpy_loader() -> shmloader.DataLoader:
     return shmloader.DataLoader(DATA, batch_size=3, shuffle=True, generator=7)  # numpy streams
 
 
+def _state_of(stream: object) -> Any:
+    """The bit generator state of a numpy stream (what an int seed becomes)."""
+    assert isinstance(stream, np.random.Generator)
+    return stream.bit_generator.state
+
+
 @pytest.fixture(scope="module")
 def good_numpy() -> dict[str, Any]:
     state = _saved_after_two_batches(_numpy_loader())
@@ -132,10 +139,10 @@ def test_a_corrupt_numpy_generator_state_is_refused_by_name(good_numpy: dict[str
     state = copy.deepcopy(good_numpy)
     NUMPY_CASES[case](state)
     loader = _numpy_loader()
-    before = loader._generator_source.bit_generator.state
+    before = _state_of(loader._generator_source)
     with pytest.raises(StateError, match=r"the state's random.sources \(generator\) is not a numpy generator state"):
         loader.load_state_dict(state)
-    assert loader._generator_source.bit_generator.state == before
+    assert _state_of(loader._generator_source) == before
 
 
 class Scaled(shmloader.Dataset):
@@ -180,7 +187,7 @@ class Offset(shmloader.Sampler):
 
 def _scaled_state(generator: Any) -> dict[str, Any]:
     """A mid-epoch state of a loader whose dataset has scale 5 and whose generator is ``generator``."""
-    loader = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=generator)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=generator)
     loader.dataset.scale = 5
     return _saved_after_two_batches(loader)
 
@@ -191,21 +198,27 @@ def _scaled_state(generator: Any) -> dict[str, Any]:
 ])
 def test_a_state_whose_generators_do_not_fit_this_loader_restores_nothing(saved_generator: Any, message: str) -> None:
     state = _scaled_state(saved_generator())
-    target = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=7)  # PCG64 streams
-    streams = [target._generator_source.bit_generator.state, target.sampler._source.bit_generator.state]
+    # PCG64 streams
+    target: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, shuffle=True, generator=7)
+    sampler = target.sampler
+    assert isinstance(sampler, RandomSampler)  # shuffle=True
+    streams = [_state_of(target._generator_source), _state_of(sampler._source)]
     with pytest.raises(StateError, match=message):
         target.load_state_dict(state)
     assert target.dataset.scale == 1  # the dataset's load_state_dict was not called
-    assert [target._generator_source.bit_generator.state, target.sampler._source.bit_generator.state] == streams
+    assert [_state_of(target._generator_source), _state_of(sampler._source)] == streams
 
 
 def test_an_object_that_refuses_its_state_leaves_the_others_as_they_were() -> None:
-    saving = shmloader.DataLoader(Scaled(), batch_size=3, sampler=Offset(), generator=7)
+    saving: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, sampler=Offset(), generator=7)
+    assert isinstance(saving.sampler, Offset)
     saving.sampler.offset, saving.dataset.scale = 4, 5
     state = _saved_after_two_batches(saving)
-    target = shmloader.DataLoader(Scaled(refuse=True), batch_size=3, sampler=Offset(), generator=7)
-    stream = target._generator_source.bit_generator.state
+    target: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(refuse=True), batch_size=3, sampler=Offset(),
+                                                             generator=7)
+    stream = _state_of(target._generator_source)
     with pytest.raises(ValueError, match="Scaled refuses this state"):
         target.load_state_dict(state)
+    assert isinstance(target.sampler, Offset)
     assert target.sampler.offset == 0  # loaded before the dataset refused, then put back
-    assert target._generator_source.bit_generator.state == stream and target._book.resume is None
+    assert _state_of(target._generator_source) == stream and target._book.resume is None

@@ -5,11 +5,14 @@ contract Lightning relies on — while the batches still come from shmloader's w
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+if TYPE_CHECKING:  # the module's names in annotations; at run time the test skips without torch
+    import torch
+else:
+    torch = pytest.importorskip("torch")
 from framework_helpers import Indexed, batch_record, in_shmloader_slot  # noqa: E402
 from torch.utils import data as tdata  # noqa: E402
 from torch.utils.data.dataloader import _DatasetKind  # noqa: E402
@@ -95,7 +98,7 @@ def _lightning_style_kwargs(loader: tdata.DataLoader, sampler: Any) -> dict[str,
     made outside a ``*_dataloader`` hook: public attributes whose value is not the __init__ default."""
     attrs = {k: v for k, v in vars(loader).items() if not k.startswith("_")}
     attrs["multiprocessing_context"] = loader.multiprocessing_context
-    params = inspect.signature(loader.__init__).parameters
+    params = inspect.signature(loader.__init__).parameters  # type: ignore[misc]  # as Lightning reads them
     kwargs = {k: v for k, v in attrs.items() if k in params and params[k].default is not v}
     kwargs["dataset"] = loader.dataset
     kwargs.update(sampler=sampler, shuffle=False, batch_sampler=None)
@@ -108,7 +111,8 @@ def test_lightning_style_reinstantiation_with_a_distributed_sampler() -> None:
     loader = st.DataLoader(ds, batch_size=3, shuffle=True, num_workers=2, slot_bytes=1 << 20, max_slots=8)
     shards = []
     for rank in range(2):
-        sampler = tdata.distributed.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=5)
+        sampler: tdata.distributed.DistributedSampler[int] = tdata.distributed.DistributedSampler(
+            ds, num_replicas=2, rank=rank, shuffle=True, seed=5)
         rebuilt = type(loader)(**_lightning_style_kwargs(loader, sampler))
         assert type(rebuilt) is st.DataLoader and rebuilt.sampler is sampler
         assert type(rebuilt.batch_sampler) is tdata.BatchSampler and rebuilt.batch_sampler.sampler is sampler
@@ -156,7 +160,8 @@ class RestartingBatches:
     ``_IndexBatchSamplerWrapper`` (which records the indices a prediction writer receives)."""
 
     def __init__(self, batches: list[list[int]]) -> None:
-        self.batches, self.seen = batches, []  # type: list[list[int]]
+        self.batches = batches
+        self.seen: list[list[int]] = []
         self._it: Any = None
 
     def __iter__(self) -> RestartingBatches:
@@ -236,7 +241,7 @@ def test_it_pickles_and_deep_copies_as_torchs_loader_does(how: str) -> None:
 
     clone_of = {"pickle": lambda x: pickle.loads(pickle.dumps(x)), "deepcopy": copy.deepcopy}[how]
 
-    def epochs(cls: type, **extra: Any) -> list[list[list[int]]]:
+    def epochs(cls: type[Any], **extra: Any) -> list[list[list[int]]]:
         loader = cls(Indexed(10), batch_size=4, shuffle=True, num_workers=2,
                      generator=torch.Generator().manual_seed(3), **extra)
         clone = clone_of(loader)

@@ -87,8 +87,8 @@ def assert_workers_outlive_their_thread() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_persistent_workers_survive_the_thread_that_started_them(method: str) -> None:
-    loader = DataLoader(Full(), batch_size=2, num_workers=2, persistent_workers=True,
-                        multiprocessing_context=method)
+    loader: DataLoader[Any] = DataLoader(Full(), batch_size=2, num_workers=2, persistent_workers=True,
+                                         multiprocessing_context=method)
     try:
         assert in_thread(lambda: firsts(loader)) == FIRSTS
         assert_workers_outlive_their_thread()
@@ -99,7 +99,7 @@ def test_persistent_workers_survive_the_thread_that_started_them(method: str) ->
 
 @pytest.mark.timeout(60)
 def test_an_iterator_made_in_a_thread_is_consumed_in_the_main_thread() -> None:
-    loader = DataLoader(Full(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(Full(), batch_size=2, num_workers=2, multiprocessing_context="fork")
     try:
         it = in_thread(lambda: iter(loader))
         assert_workers_outlive_their_thread()
@@ -111,8 +111,9 @@ def test_an_iterator_made_in_a_thread_is_consumed_in_the_main_thread() -> None:
 @pytest.mark.timeout(60)
 def test_a_worker_restarted_from_a_thread_survives_it(tmp_path: Any) -> None:
     plan = {5: "kill"}  # the worker fetching sample 5 dies; next() in the thread replaces it
-    loader = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=2, num_workers=2,
-                        persistent_workers=True, on_worker_death="restart", multiprocessing_context="fork")
+    loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=2, num_workers=2,
+                                         persistent_workers=True, on_worker_death="restart",
+                                         multiprocessing_context="fork")
     try:
         assert in_thread(lambda: firsts(loader)) == [fd.sample(i)[0] for i in FIRSTS]
         assert loader.stats()["worker_restarts"] == 1

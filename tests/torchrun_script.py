@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import numpy as np
 import torch.distributed as dist
@@ -31,8 +32,8 @@ class Indices(shmloader.Dataset):
 def main(out_dir: str) -> None:
     dist.init_process_group("gloo")
     sampler = shmloader.DistributedSampler(Indices(), shuffle=True, seed=3)  # rank, world size: from env
-    loader = shmloader.DataLoader(Indices(), batch_size=4, sampler=sampler, num_workers=2,
-                                  multiprocessing_context="fork")
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(Indices(), batch_size=4, sampler=sampler, num_workers=2,
+                                                             multiprocessing_context="fork")
     seen = []
     for epoch in range(2):
         sampler.set_epoch(epoch)

@@ -218,7 +218,7 @@ def poison(task: int, indices: Any, attempts: int, deaths: Sequence[str]) -> Poi
            f"{attempts} attempts and is not retried again: " + _some(deaths) +
            ". Check those samples; max_task_attempts (SHMLOADER_MAX_TASK_ATTEMPTS) sets the bound.")
     exc = PoisonTask(msg, task=task, indices=indices, attempts=attempts, deaths=deaths)
-    exc.tasks = {task: exc.indices}  # type: ignore[attr-defined]  # as the other errors carry it
+    exc.tasks = {task: exc.indices}  # as the other errors carry it
     return exc
 
 
