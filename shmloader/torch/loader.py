@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import torch
@@ -84,6 +85,21 @@ class DataLoader(_ShmDataLoader[T_co], _TorchDataLoader[T_co]):  # type: ignore[
     """
 
     _to_torch = True
+    # shmloader's options, kept as attributes by __init__ (re-instantiation reads them): declared so
+    # that a type checker knows them, typed as __init__ takes them (tests/test_torch_extras_typed.py)
+    slot_bytes: int | None
+    max_slots: int | None
+    shm_dir: str | None
+    sweep: bool | None
+    on_worker_death: str | None
+    max_restarts: int | None
+    max_task_attempts: int | None
+    task_seeding: bool | None
+    dispatch: str | None
+    task_timeout_s: float | None
+    collate_threads: int | None
+    log_level: str | None
+    plugins: Iterable[Any] | None
 
     @functools.wraps(_ShmDataLoader.__init__)  # type: ignore[misc]  # torch's signature + extras, for inspect
     def __init__(self, *args: Any, **kwargs: Any) -> None:
