@@ -190,6 +190,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 if ring is not None:
                     ring.close()
             finally:
+                self._drop_poll_set()
                 self._guard.close_pipe()
                 live.IN_PROCESS.discard(self)
 

@@ -145,6 +145,13 @@ class WaitAndRecover:
             self._head_pollers = {}
         return self._poll_set[1], self._poll_set[2]
 
+    def _drop_poll_set(self) -> None:
+        """Forget the poll sets (the iterator is shut): they hold the reaped workers' handles, whose
+        process objects keep two pipe descriptors each open until freed, for as long as the caller
+        keeps the shut iterator (a traceback it caught holds it)."""
+        self._poll_set = None
+        self._head_pollers = {}
+
     def _head_poller(self, poller: Any) -> Any:
         """The poll set to sleep on: every sentinel, the step guard's pipe and the reply pipe of the
         worker that holds the batch due next, and no other reply pipe.
