@@ -65,3 +65,40 @@ def test_under_the_restart_policy_the_epoch_goes_on_and_the_next_is_whole(tmp_pa
         assert _indices(loader) == MAP_ORDER  # task 2 retried in a new worker
         assert loader.stats()["worker_restarts"] == 1
         assert _indices(loader) == MAP_ORDER
+
+
+def _through_timeouts(epoch: Any, tries: int = 40) -> Any:
+    """``epoch()`` again after each ``WorkerTimeout`` that kept the workers (not ``WorkerHung``)."""
+    for _ in range(tries - 1):
+        try:
+            return epoch()
+        except WorkerHung:
+            raise
+        except WorkerTimeout:
+            continue
+    return epoch()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["raise", "restart"])
+def test_a_persistent_timeout_then_the_deadline_of_the_abandoned_task(tmp_path, policy):
+    """timeout= fires first and keeps the slow worker; the task it holds, of the abandoned epoch,
+    then passes its deadline while the next epoch waits for it: the worker is killed. Restart: its
+    successor gets the new epoch's tasks it held, and the epoch is whole. Raise: WorkerHung, and
+    the next iter() starts over, whole."""
+    gate = td.Gate(str(tmp_path), once=True)
+    with DataLoader(td.SlowAt(gate), batch_size=2, num_workers=2, timeout=0.3, task_timeout_s=1.0,
+                    persistent_workers=True, multiprocessing_context="fork", on_worker_death=policy) as loader:
+        it = iter(loader)
+        assert _indices([next(it), next(it)]) == MAP_ORDER[:2]
+        with pytest.raises(WorkerTimeout, match="persistent workers were kept") as info:
+            next(it)
+        assert not isinstance(info.value, WorkerHung)
+        del info
+        if policy == "restart":
+            assert _through_timeouts(lambda: _indices(loader)) == MAP_ORDER
+            assert loader.stats()["worker_restarts"] == 1
+        else:
+            with pytest.raises(WorkerHung, match=r"on task 2 \(sample indices \[4\.\.5\]\)"):
+                _through_timeouts(lambda: _indices(loader))
+            assert _indices(loader) == MAP_ORDER

@@ -231,12 +231,16 @@ def _some(deaths: Sequence[str], shown: int = 6) -> str:
     return "; ".join([*deaths[:half], f"... {len(deaths) - 2 * half} more ...", *deaths[-half:]])
 
 
-def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None]) -> WorkerTimeout:
-    """torch's "DataLoader timed out after N seconds", plus what was outstanding where."""
+def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None],
+              kept: bool = False) -> WorkerTimeout:
+    """torch's "DataLoader timed out after N seconds", plus what was outstanding where, and what
+    follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down."""
     held = ", ".join(f"worker {w} (pid {p})" for w, p in sorted(worker_pids.items()))
+    follows = (" The persistent workers were kept: next() waits for this batch again, and iter(loader) "
+               "starts the next epoch on them; to kill a worker that hangs, set task_timeout_s." if kept else
+               " The loader was shut down cleanly; iterate again to start over, or raise timeout=.")
     msg = (f"DataLoader timed out after {timeout_s} seconds. Outstanding: {format_tasks(tasks)}"
-           + (f"; held by {held}" if held else "") + ". The loader was shut down cleanly; iterate again "
-           "to start over, or raise timeout=.")
+           + (f"; held by {held}" if held else "") + "." + follows)
     return WorkerTimeout(msg, timeout_s=timeout_s, tasks=_attr(tasks))
 
 

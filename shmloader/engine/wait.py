@@ -310,8 +310,15 @@ class WaitAndRecover:
             if poller.poll(0):
                 return
 
+    _timed_out_kept = False  # set as a WorkerTimeout that leaves the iterator running is raised
+
     def _on_quiet(self, started: float) -> None:
-        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``."""
+        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``. A timeout
+        kills no worker: without persistent workers the iterator is shut down (the next ``iter()``
+        starts over); with them the workers are the loader's and are kept, and the epoch runs on:
+        ``next()`` waits for the batch again, ``iter(loader)`` abandons the epoch (``_reset``), whose
+        late replies are dropped as they come. Shutting them down restarted a worker slow once per
+        process (a cache it warms, a file it opens) and every later epoch timed out again."""
         now = time.monotonic()
         for w in list(self._pool.workers):
             limit = self._policy.deadline_s(w.ready)
@@ -325,7 +332,11 @@ class WaitAndRecover:
             if self._reorder.has_due() or self._fault is not None:
                 return  # the due batch (or a failure) came as time ran out: the step loop takes it
             held = {w.id: w.pid for w in self._pool.workers if w.outstanding}
-            raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
+            kept = self._plan.persistent  # the loader's workers: a slow one is not killed for it (torch's)
+            if not kept:
+                raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
+            self._timed_out_kept = True  # the step loop raises it as it is, the iterator still running
+            raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True)
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
         """Kill ``w``, which held a task past its deadline when the wait timed out, unless the
