@@ -99,6 +99,7 @@ def test_a_persistent_timeout_then_the_deadline_of_the_abandoned_task(tmp_path, 
             assert _through_timeouts(lambda: _indices(loader)) == MAP_ORDER
             assert loader.stats()["worker_restarts"] == 1
         else:
-            with pytest.raises(WorkerHung, match=r"on task 2 \(sample indices \[4\.\.5\]\)"):
+            with pytest.raises(WorkerHung, match=r"on task 2 \(sample indices \[4\.\.5\]\) of an earlier epoch, "
+                                                 r"abandoned \(the tasks of this one queued behind it\) and was killed"):
                 _through_timeouts(lambda: _indices(loader))
             assert _indices(loader) == MAP_ORDER

@@ -244,10 +244,12 @@ def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | No
     return WorkerTimeout(msg, timeout_s=timeout_s, tasks=_attr(tasks))
 
 
-def hung(worker_id: int, pid: int | None, task: int, indices: Any,
-         deadline_s: float, *, starting: bool = False, iterable: bool = False) -> WorkerHung:
-    """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader killed."""
-    held = f"task {task} (sample indices {format_indices(indices)})"
+def hung(worker_id: int, pid: int | None, task: int, indices: Any, deadline_s: float, *,
+         starting: bool = False, iterable: bool = False, abandoned: bool = False) -> WorkerHung:
+    """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader
+    killed; ``abandoned``: the task is of an earlier epoch (a persistent worker kept after a timeout)."""
+    held = f"task {task} (sample indices {format_indices(indices)})" + (
+        " of an earlier epoch, abandoned (the tasks of this one queued behind it)" if abandoned else "")
     if starting:
         what = (f"more than {deadline_s} seconds on start-up (loading the dataset, seeding, running "
                 f"worker_init_fn; the start-up deadline is max(task_timeout_s, {START_TIMEOUT_FLOOR_S})) before "

@@ -146,9 +146,8 @@ class WaitAndRecover:
         return self._poll_set[1], self._poll_set[2]
 
     def _drop_poll_set(self) -> None:
-        """Forget the poll sets (the iterator is shut): they hold the reaped workers' handles, whose
-        process objects keep two pipe descriptors each open until freed, for as long as the caller
-        keeps the shut iterator (a traceback it caught holds it)."""
+        """Forget the poll sets (the iterator is shut): their reaped workers' process objects keep two
+        pipe descriptors each open for as long as the caller keeps the shut iterator."""
         self._poll_set = None
         self._head_pollers = {}
 
@@ -313,12 +312,9 @@ class WaitAndRecover:
     _timed_out_kept = False  # set as a WorkerTimeout that leaves the iterator running is raised
 
     def _on_quiet(self, started: float) -> None:
-        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``. A timeout
-        kills no worker: without persistent workers the iterator is shut down (the next ``iter()``
-        starts over); with them the workers are the loader's and are kept, and the epoch runs on:
-        ``next()`` waits for the batch again, ``iter(loader)`` abandons the epoch (``_reset``), whose
-        late replies are dropped as they come. Shutting them down restarted a worker slow once per
-        process (a cache it warms, a file it opens) and every later epoch timed out again."""
+        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``, which kills
+        no worker: the iterator is shut down, or with persistent workers (the loader's) runs on:
+        ``next()`` waits again, ``iter(loader)`` abandons the epoch (docs/reliability.md, "Hangs")."""
         now = time.monotonic()
         for w in list(self._pool.workers):
             limit = self._policy.deadline_s(w.ready)
@@ -356,7 +352,8 @@ class WaitAndRecover:
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or self._iterable:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
-                                         starting=not w.ready, iterable=self._iterable))
+                                         starting=not w.ready, iterable=self._iterable,
+                                         abandoned=key[0] != self._epoch))
         self._on_death(w, cause=f"hung for more than {limit_s} s and was killed")
 
     def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
