@@ -231,19 +231,25 @@ def _some(deaths: Sequence[str], shown: int = 6) -> str:
     return "; ".join([*deaths[:half], f"... {len(deaths) - 2 * half} more ...", *deaths[-half:]])
 
 
-def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None]) -> WorkerTimeout:
-    """torch's "DataLoader timed out after N seconds", plus what was outstanding where."""
+def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None],
+              kept: bool = False) -> WorkerTimeout:
+    """torch's "DataLoader timed out after N seconds", plus what was outstanding where, and what
+    follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down."""
     held = ", ".join(f"worker {w} (pid {p})" for w, p in sorted(worker_pids.items()))
+    follows = (" The persistent workers were kept: next() waits for this batch again, and iter(loader) "
+               "starts the next epoch on them; to kill a worker that hangs, set task_timeout_s." if kept else
+               " The loader was shut down cleanly; iterate again to start over, or raise timeout=.")
     msg = (f"DataLoader timed out after {timeout_s} seconds. Outstanding: {format_tasks(tasks)}"
-           + (f"; held by {held}" if held else "") + ". The loader was shut down cleanly; iterate again "
-           "to start over, or raise timeout=.")
+           + (f"; held by {held}" if held else "") + "." + follows)
     return WorkerTimeout(msg, timeout_s=timeout_s, tasks=_attr(tasks))
 
 
-def hung(worker_id: int, pid: int | None, task: int, indices: Any,
-         deadline_s: float, *, starting: bool = False, iterable: bool = False) -> WorkerHung:
-    """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader killed."""
-    held = f"task {task} (sample indices {format_indices(indices)})"
+def hung(worker_id: int, pid: int | None, task: int, indices: Any, deadline_s: float, *,
+         starting: bool = False, iterable: bool = False, abandoned: bool = False) -> WorkerHung:
+    """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader
+    killed; ``abandoned``: the task is of an earlier epoch (a persistent worker kept after a timeout)."""
+    held = f"task {task} (sample indices {format_indices(indices)})" + (
+        " of an earlier epoch, abandoned (the tasks of this one queued behind it)" if abandoned else "")
     if starting:
         what = (f"more than {deadline_s} seconds on start-up (loading the dataset, seeding, running "
                 f"worker_init_fn; the start-up deadline is max(task_timeout_s, {START_TIMEOUT_FLOOR_S})) before "

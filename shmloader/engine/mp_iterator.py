@@ -50,6 +50,7 @@ from shmloader.errors import (
     LoaderClosed,
     LoaderError,
     PluginError,
+    WorkerTimeout,
     batch_rebuild_error,
 )
 from shmloader.owner import ProcessOwner
@@ -190,6 +191,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 if ring is not None:
                     ring.close()
             finally:
+                self._drop_poll_set()
                 self._guard.close_pipe()
                 live.IN_PROCESS.discard(self)
 
@@ -258,6 +260,9 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         except PluginError:
             raise  # an observer failed; the loader itself is intact
         except BaseException as exc:
+            kept, self._timed_out_kept = self._timed_out_kept, False
+            if kept and isinstance(exc, WorkerTimeout):
+                raise  # timeout= with persistent workers: they are kept, the epoch runs on (wait._on_quiet)
             if exc is not self._user_error:  # only a user-code error in a worker leaves us usable
                 self._fail(exc)
             raise

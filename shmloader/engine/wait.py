@@ -145,6 +145,12 @@ class WaitAndRecover:
             self._head_pollers = {}
         return self._poll_set[1], self._poll_set[2]
 
+    def _drop_poll_set(self) -> None:
+        """Forget the poll sets (the iterator is shut): their reaped workers' process objects keep two
+        pipe descriptors each open for as long as the caller keeps the shut iterator."""
+        self._poll_set = None
+        self._head_pollers = {}
+
     def _head_poller(self, poller: Any) -> Any:
         """The poll set to sleep on: every sentinel, the step guard's pipe and the reply pipe of the
         worker that holds the batch due next, and no other reply pipe.
@@ -303,8 +309,12 @@ class WaitAndRecover:
             if poller.poll(0):
                 return
 
+    _timed_out_kept = False  # set as a WorkerTimeout that leaves the iterator running is raised
+
     def _on_quiet(self, started: float) -> None:
-        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``."""
+        """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``, which kills
+        no worker: the iterator is shut down, or with persistent workers (the loader's) runs on:
+        ``next()`` waits again, ``iter(loader)`` abandons the epoch (docs/reliability.md, "Hangs")."""
         now = time.monotonic()
         for w in list(self._pool.workers):
             limit = self._policy.deadline_s(w.ready)
@@ -318,7 +328,11 @@ class WaitAndRecover:
             if self._reorder.has_due() or self._fault is not None:
                 return  # the due batch (or a failure) came as time ran out: the step loop takes it
             held = {w.id: w.pid for w in self._pool.workers if w.outstanding}
-            raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
+            kept = self._plan.persistent  # the loader's workers: a slow one is not killed for it (torch's)
+            if not kept:
+                raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
+            self._timed_out_kept = True  # the step loop raises it as it is, the iterator still running
+            raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True)
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
         """Kill ``w``, which held a task past its deadline when the wait timed out, unless the
@@ -338,7 +352,8 @@ class WaitAndRecover:
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or self._iterable:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
-                                         starting=not w.ready, iterable=self._iterable))
+                                         starting=not w.ready, iterable=self._iterable,
+                                         abandoned=key[0] != self._epoch))
         self._on_death(w, cause=f"hung for more than {limit_s} s and was killed")
 
     def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
