@@ -142,6 +142,7 @@ def warm_descriptors() -> int:
     (multiprocessing opens some for the process's life at its first use: not a loader's leak)."""
     from shmloader import DataLoader
 
+    loader: DataLoader[Any]
     with DataLoader([0, 1], num_workers=1, multiprocessing_context="fork") as loader:
         list(loader)
     return len(os.listdir("/proc/self/fd"))

@@ -70,6 +70,7 @@ class WaitAndRecover:
     _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
     _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
     _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
+    _timed_out_kept = False  # set as a WorkerTimeout that leaves the iterator running is raised
 
     # -- 3. wait and process -------------------------------------------------------------------
     # A death the policy turns into an error is raised at the next wait, so batches that were
@@ -308,8 +309,6 @@ class WaitAndRecover:
                 self._send(self._pool.workers[rec.worker_id], rec)
             if poller.poll(0):
                 return
-
-    _timed_out_kept = False  # set as a WorkerTimeout that leaves the iterator running is raised
 
     def _on_quiet(self, started: float) -> None:
         """The wait timed out: a hung worker (task deadline) or the loader's ``timeout=``, which kills
