@@ -163,7 +163,7 @@ def _error(batch: list[np.ndarray], stack: Any) -> BaseException:
 @pytest.mark.parametrize("bad", ["one sample, in the last chunk", "a whole chunk", "first length",
                                  "number of dimensions"])
 def test_a_shape_mismatch_in_a_chunk_raises_what_one_thread_raises(bad) -> None:
-    batch = [np.zeros((4, 5), np.float32) for _ in range(8)]
+    batch: list[np.ndarray] = [np.zeros((4, 5), np.float32) for _ in range(8)]
     if bad == "one sample, in the last chunk":
         batch[7] = np.zeros((4, 6), np.float32)
     elif bad == "a whole chunk":  # the chunk is consistent in itself, not with out

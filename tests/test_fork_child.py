@@ -155,7 +155,7 @@ def _held_across_a_fork(ring: Ring) -> Slot:
     """A slot of ``ring`` whose batch was held while another's fork ran, then dropped."""
     slot = ring.grow(4096, OWNER)
     # a leased slot is a ctypes array, a buffer numpy's stubs do not list
-    view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))  # type: ignore[arg-type]
+    view: np.ndarray = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))  # type: ignore[arg-type]
     _fork_and_reap()
     del view
     gc.collect()
@@ -171,7 +171,7 @@ def test_a_slot_leased_across_a_foreign_fork_gets_a_fresh_segment() -> None:
         slot = ring.grow(4096, OWNER)
         old = slot.segment.name
         # a leased slot is a ctypes array, a buffer numpy's stubs do not list
-        view = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))  # type: ignore[arg-type]
+        view: np.ndarray = np.ndarray((8,), np.uint8, buffer=leased(ring, slot))  # type: ignore[arg-type]
         _fork_and_reap()
         del view
         gc.collect()
@@ -192,7 +192,8 @@ def test_a_slot_leased_across_a_foreign_fork_gets_a_fresh_segment() -> None:
 def test_a_spent_slot_is_unlinked_once_by_close_and_shrink(monkeypatch: pytest.MonkeyPatch) -> None:
     retired: list[str] = []
     ring = Ring("/dev/shm", on_retire=lambda s: retired.append(s.name))
-    slots, views = [], []
+    slots: list[Any] = []
+    views: list[np.ndarray] = []
     for k in range(3):
         slots.append(ring.grow(4096, (0, k)))
         ring.fill(slots[-1], (0, k))

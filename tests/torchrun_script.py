@@ -25,7 +25,7 @@ class Indices(shmloader.Dataset):
     def __len__(self) -> int:
         return N
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> np.int64:
         return np.int64(i)
 
 
