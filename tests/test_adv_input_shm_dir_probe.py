@@ -51,15 +51,21 @@ def test_a_directory_where_no_file_can_be_made_is_refused_naming_the_argument(tm
     assert os.strerror(2) in str(exc.value) or os.strerror(13) in str(exc.value)  # the system's reason
 
 
-def test_the_probe_leaves_nothing_and_runs_once_per_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _record_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every path ``config_fields`` opens from now on (the probe's ``os.open``), in order."""
     opened: list[str] = []
     real_open = os.open
 
-    def counting_open(path: str, *args: int) -> int:
+    def noted_open(path: str, *args: Any) -> int:
         opened.append(path)
         return real_open(path, *args)
 
-    monkeypatch.setattr(config_fields.os, "open", counting_open)
+    monkeypatch.setattr(config_fields.os, "open", noted_open)
+    return opened
+
+
+def test_the_probe_leaves_nothing_and_runs_once_per_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened = _record_opens(monkeypatch)
     for _ in range(3):
         assert resolve_config({"shm_dir": tmp_path}, {}).shm_dir == str(tmp_path)
     assert len(opened) == 1 and os.path.basename(opened[0]).startswith(f"{PREFIX}{os.getpid()}_")
@@ -70,14 +76,7 @@ def test_the_probe_leaves_nothing_and_runs_once_per_directory(tmp_path: Path, mo
 def test_a_forked_child_probes_for_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's probe says nothing of the child (its user or namespace may differ)."""
     resolve_config({"shm_dir": tmp_path}, {})
-    opened: list[str] = []
-    real_open = os.open
-
-    def noted_open(path: str, *args: Any) -> int:
-        opened.append(path)
-        return real_open(path, *args)
-
-    monkeypatch.setattr(config_fields.os, "open", noted_open)
+    opened = _record_opens(monkeypatch)
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only if it probed once, named as its own
         code = 1
