@@ -260,8 +260,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         except PluginError:
             raise  # an observer failed; the loader itself is intact
         except BaseException as exc:
-            kept, self._timed_out_kept = self._timed_out_kept, False
-            if kept and isinstance(exc, WorkerTimeout):
+            if isinstance(exc, WorkerTimeout) and self._plan.persistent:
                 raise  # timeout= with persistent workers: they are kept, the epoch runs on (wait._on_quiet)
             if exc is not self._user_error:  # only a user-code error in a worker leaves us usable
                 self._fail(exc)

@@ -70,7 +70,6 @@ class WaitAndRecover:
     _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
     _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
     _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
-    _timed_out_kept = False  # set as a WorkerTimeout that leaves the iterator running is raised
 
     # -- 3. wait and process -------------------------------------------------------------------
     # A death the policy turns into an error is raised at the next wait, so batches that were
@@ -330,7 +329,7 @@ class WaitAndRecover:
             kept = self._plan.persistent  # the loader's workers: a slow one is not killed for it (torch's)
             if not kept:
                 raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
-            self._timed_out_kept = True  # the step loop raises it as it is, the iterator still running
+            # the step loop lets a kept timeout through (_plan.persistent), the iterator still running
             raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True)
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
