@@ -44,6 +44,11 @@ iterator sets: the pipeline and the batch in use), each slot the user holds is *
 to the directory (``Segment.trim``). A trimmed slot is spent when released, as above: nothing
 writes its unreserved pages, ever; ``take`` gives it a fresh, wholly reserved segment. Not in a
 pinned ring, whose pages the pin backend holds.
+
+Once the user drops held batches, the ring keeps segments for its steady size and one spare free
+slot, beside the slots in use: a slot released past that is spent at once, wherever it sits, and
+``shrink_to`` compacts the ring at a persistent loader's next epoch (``transport/ring_reclaim.py``).
+``take`` hands out a free slot that has a segment before a spent one.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from shmloader.errors import RingExhausted, ShmSpaceError, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
 from shmloader.transport.ring_growth import SlotGrowth
+from shmloader.transport.ring_reclaim import SlotReclaim
 from shmloader.transport.segment import Segment, page_round
 from shmloader.transport.shm_space import explain_enospc, held_space_error
 from shmloader.transport.slot import Slot, SlotState
@@ -64,9 +70,10 @@ from shmloader.transport.slot import Slot, SlotState
 __all__ = ["Ring", "Slot", "SlotState"]
 
 
-class Ring(SlotGrowth):
+class Ring(SlotGrowth, SlotReclaim):
     """A growable ring of slots backed by shared-memory segments of one shm directory; a slot's
-    growth is ``SlotGrowth``'s (``transport/ring_growth.py``)."""
+    growth is ``SlotGrowth``'s (``transport/ring_growth.py``), giving back the segments of slots
+    the ring no longer needs ``SlotReclaim``'s (``transport/ring_reclaim.py``)."""
 
     def __init__(
         self,
@@ -80,7 +87,8 @@ class Ring(SlotGrowth):
         self.shm_dir = shm_dir
         self.max_slots = max_slots
         self.slots: list[Slot] = []
-        self._free: deque[int] = deque()
+        self._free: deque[int] = deque()  # slots with a segment on the left (last freed first), spent ones on the right
+        self._spent: set[int] = set()  # ids of the free slots whose segment is retired (Slot.spent)
         self._released: deque[Released] = deque()
         self._cooling: deque[tuple[Slot, int, Any, bool]] = deque()  # dropped, fence not yet completed
         self._fence = fence
@@ -203,8 +211,12 @@ class Ring(SlotGrowth):
                 + " (an engine bug: please report it with this message)")
 
     def _make_free(self, slot: Slot) -> None:
+        """Free the slot: ``take`` hands out a slot that has a segment before one that needs a fresh one."""
         slot.state, slot.owner = SlotState.FREE, None
-        self._free.append(slot.id)
+        if slot.spent:
+            self._free.append(slot.id)
+        else:
+            self._free.appendleft(slot.id)
 
     def collect_released(self) -> int:
         """Move slots whose last view died, and whose fence has completed, back to free; returns
@@ -247,10 +259,15 @@ class Ring(SlotGrowth):
         segment is retired first."""
         if slot.state is SlotState.LEASED and slot.lease_serial == serial:
             self._untrimmed.pop(slot.id, None)
-            if spent or slot.segment.reserved < slot.size_bytes:  # a fork's, or trimmed: never written again
-                self._retire(slot.segment)  # the forked child keeps its own mapping: its batch stays
-                slot.spent = True
-            self._make_free(slot)
+            # a fork's or trimmed (never written again), or more segments than the ring needs
+            if spent or slot.segment.reserved < slot.size_bytes or self._surplus():
+                try:
+                    self._retire(slot.segment)  # the forked child keeps its own mapping: its batch stays
+                finally:  # the segment is gone whatever the pin backend raised: the slot is spent
+                    self._spend(slot)
+                    self._make_free(slot)
+            else:
+                self._make_free(slot)
             return 1
         return 0
 
@@ -264,23 +281,6 @@ class Ring(SlotGrowth):
         for slot in untrimmed.values():
             if slot.state is SlotState.LEASED and not slot.spent:
                 slot.segment.trim(slot.used_bytes)
-
-    def shrink_to(self, keep: int) -> None:
-        """Unlink free slots beyond ``keep`` slots in all (the user let go of held batches)."""
-        self.collect_released()
-        while len(self.slots) > keep and self.slots[-1].state is SlotState.FREE:
-            self._drop_last()
-
-    def _drop_last(self) -> None:
-        """Take the last slot out of the ring; once it is out (close() no longer sees it), its
-        segment is unlinked however the rest is cut short."""
-        slot = self.slots[-1]
-        try:
-            self.slots.pop()
-            self._free.remove(slot.id)
-        finally:
-            if not slot.spent and (not self.slots or self.slots[-1] is not slot):
-                self._retire(slot.segment)
 
     def close(self) -> None:
         """Unlink every segment; unmap those no view references. Idempotent; a no-op in any process
@@ -296,6 +296,7 @@ class Ring(SlotGrowth):
                 error = error or exc
         self.slots.clear()
         self._free.clear()
+        self._spent.clear()
         self._cooling.clear()
         self._untrimmed.clear()
         if error is not None:
@@ -338,6 +339,7 @@ class Ring(SlotGrowth):
         """Give a spent slot a fresh segment, as large as its last one at least."""
         slot.segment = self._new_segment(max(min_bytes, slot.size_bytes))
         slot.spent = False
+        self._spent.discard(slot.id)
 
     def _created(self, segment: Segment) -> None:
         """Show a fully reserved segment to the pin backend (if that fails, the caller discards it)."""
