@@ -17,7 +17,7 @@ import pytest
 from process_helpers import until
 
 import shmloader
-from shmloader.collate import threads
+from shmloader.collate import helpers, threads
 from shmloader.collate.threads import ThreadedStack
 
 SHAPE = (32, 32)  # float32: 4 KiB a sample; the split threshold is lowered to one sample's bytes
@@ -88,6 +88,18 @@ def test_close_joins_the_helpers_and_a_dropped_iterator_ends_them(split_small: l
     assert helpers_alive()
     del it  # abandoned mid-epoch: its helpers are told to exit
     assert until(lambda: helpers_alive() == [], 10), helpers_alive()
+
+
+@pytest.mark.timeout(60)
+def test_helpers_of_dropped_stacks_are_not_remembered_once_they_have_exited() -> None:
+    batch = [np.full(SHAPE, i, np.float32) for i in range(4)]
+    for _ in range(20):  # a process that never forks a worker: nothing joins these
+        ThreadedStack(2, 0)(batch, np.empty((4, *SHAPE), np.float32))  # dropped unclosed
+    assert until(lambda: helpers_alive() == [], 10), helpers_alive()
+    stack = ThreadedStack(2, 0)
+    stack(batch, np.empty((4, *SHAPE), np.float32))
+    del stack
+    assert len(helpers._exiting) <= 1  # only the one just told to exit
 
 
 @pytest.mark.timeout(60)

@@ -43,7 +43,7 @@ Job = Callable[[], object]
 # ThreadedStack, whose finalizer stops its pool under this same lock.
 _lock = threading.RLock()
 _running: set[HelperPool] = set()  # pools with helpers alive (each holds only a queue and threads)
-_exiting: list[threading.Thread] = []  # helpers told to exit, not joined yet
+_exiting: list[threading.Thread] = []  # helpers told to exit, not joined yet (the dead pruned at each stop)
 
 
 class HelperPool:
@@ -78,6 +78,7 @@ class HelperPool:
             helpers, self.threads = self.threads, []
             jobs, self.jobs = self.jobs, queue.SimpleQueue()
             _running.discard(self)
+            _exiting[:] = [t for t in _exiting if t.is_alive()]  # those gone need no join: forget them
             _exiting.extend(helpers)
         for _ in helpers:
             jobs.put(None)
