@@ -240,6 +240,7 @@ def _collate_in_forked_child(conn: Any, inherited: ThreadedStack, parent_pid: in
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # another's fork, on purpose
 def test_a_forked_child_makes_its_own_pool_and_collates_big_batches() -> None:
     stack = ThreadedStack(2, min_bytes=0)
     stack([np.ones(8)] * 4, np.empty((4, 8)))  # the parent's helper runs as another's fork copies it
