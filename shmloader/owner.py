@@ -21,7 +21,9 @@ the pid, it tells our own forks (a worker's start, ``our_fork``) from every othe
 process, and counts the others (``fork_mark``, ``forked_since``): a batch the user holds while
 another's fork copies the process may be in use in that child, so its slot is never reused
 (docs/design/slot-lifecycle.md, "Forks by other code"). Other modules add child hooks through
-``at_fork_in_child``.
+``at_fork_in_child``, and hooks to run in the forking thread before each fork of ours
+(``before_our_fork``: the collate helpers are joined there, so a worker is never forked while a
+thread of ours lives).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["ProcessOwner", "at_fork_in_child", "fork_mark", "forked_since", "our_fork", "started_by_us"]
+__all__ = ["ProcessOwner", "at_fork_in_child", "before_our_fork", "fork_mark", "forked_since", "our_fork",
+           "started_by_us"]
 
 _pid = os.getpid()  # this process's pid, refreshed in every forked child
 _child_hooks: list[Callable[[], None]] = []
+_our_fork_hooks: list[Callable[[], None]] = []
 # The threads of this process forking one of our own processes right now (``our_fork``). A thread's
 # ident survives the fork (the child's one thread is the one that forked), so a hook tells by the
 # forking thread's ident whether a fork is ours, whatever the other threads start or fork meanwhile.
@@ -50,7 +54,10 @@ _foreign_forking = 0
 @contextlib.contextmanager
 def our_fork() -> Iterator[None]:
     """Mark the calling thread as forking a process of ours (a worker) for the block: that fork is
-    not counted as another's (``fork_mark``), and its child knows itself ours (``started_by_us``)."""
+    not counted as another's (``fork_mark``), and its child knows itself ours (``started_by_us``).
+    The ``before_our_fork`` hooks run first: one that raises (a Ctrl-C) stops the fork."""
+    for hook in _our_fork_hooks:
+        hook()
     me = threading.get_ident()
     try:
         _our_forks.add(me)  # inside the try: a Ctrl-C raised as add() returns still unmarks the thread
@@ -60,6 +67,11 @@ def our_fork() -> Iterator[None]:
             _our_forks.discard(me)  # set.add/discard are atomic under the GIL: no lock needed
         finally:
             _give_back(me)  # the fork is over: a hold its after-hooks did not give back (see below)
+
+
+def before_our_fork(hook: Callable[[], None]) -> None:
+    """Run ``hook`` in the forking thread as each ``our_fork`` block begins, before the fork."""
+    _our_fork_hooks.append(hook)
 
 
 def started_by_us() -> bool:

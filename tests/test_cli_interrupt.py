@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -25,6 +26,7 @@ from shmloader.cli import bench, doctor, interrupt
 REPO = Path(__file__).resolve().parents[1]
 COPY_LIMIT_FOREVER = """
 import sys
+import threading
 from shmloader.cli.copylimit import measure_copy_limit
 from shmloader.cli.workloads import WORKLOADS
 try:
@@ -233,3 +235,17 @@ def test_ctrl_c_elsewhere_is_raised_at_once_and_a_pending_retry_dies_with_the_bl
         _handler()(signal.SIGINT, _frame_in(SHARER))
     time.sleep(interrupt.RETRY_S * 5)  # the retry was cancelled: no KeyboardInterrupt arrives here
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _retry_timers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+
+
+def test_every_pending_retry_dies_with_the_block_not_only_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(interrupt, "RETRY_S", 60.0)  # both still pending when the block ends, however slow
+    assert _retry_timers() == []
+    with interrupt.ctrl_c_handled():
+        for _ in range(2):  # two Ctrl-Cs in a hand-over: two retries pending at once
+            _handler()(signal.SIGINT, _frame_in(SHARER))
+        assert len(_retry_timers()) == 2
+    assert _retry_timers() == []  # cancelled and joined: none fires into what runs after the block

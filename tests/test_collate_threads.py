@@ -21,6 +21,7 @@ from shmloader.collate import (
     threads,
     unregister_collate_rule,
 )
+from shmloader.collate.helpers import join_all
 from shmloader.collate.rules import stack_into, write_array
 from shmloader.collate.threads import (
     SPLIT_MIN_BYTES,
@@ -50,10 +51,14 @@ class ArrayDataset:
         return np.full(self.shape, index, np.float32)
 
 
+def _helpers_alive() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("shmloader-collate"))
+
+
 @pytest.fixture
-def no_pool(monkeypatch):
-    """Start without a pool (the one earlier tests made is put back afterwards)."""
-    monkeypatch.setattr(threads, "_pool", None)
+def no_pool() -> None:
+    """Start with no helper thread alive (stacks that earlier tests dropped may have left some)."""
+    join_all()
 
 
 @pytest.fixture
@@ -133,22 +138,23 @@ def test_below_the_threshold_no_pool_is_made(no_pool, chunks) -> None:
     assert collate(tiny, stack=stack).shape == (64, 16)
     image = [np.zeros((224, 224, 3), np.uint8) for _ in range(64)]  # 9.2 MiB, the image workload
     assert collate(image, stack=stack).shape == (64, 224, 224, 3)
-    assert threads._pool is None and chunks == [("MainThread", 64)] * 2
+    assert stack.pool.threads == [] and _helpers_alive() == [] and chunks == [("MainThread", 64)] * 2
 
 
 def test_the_threshold_is_on_out_nbytes(no_pool, chunks) -> None:
     batch = [np.ones(100, np.uint8) for _ in range(4)]  # 400 bytes
-    ThreadedStack(2, min_bytes=401)(batch, np.empty((4, 100), np.uint8))
-    assert threads._pool is None and chunks == [("MainThread", 4)]
-    ThreadedStack(2, min_bytes=400)(batch, np.empty((4, 100), np.uint8))
-    assert threads._pool is not None and sorted(n for _, n in chunks[1:]) == [2, 2]
+    below, at = ThreadedStack(2, min_bytes=401), ThreadedStack(2, min_bytes=400)
+    below(batch, np.empty((4, 100), np.uint8))
+    assert below.pool.threads == [] and chunks == [("MainThread", 4)]
+    at(batch, np.empty((4, 100), np.uint8))
+    assert len(at.pool.threads) == 1 and sorted(n for _, n in chunks[1:]) == [2, 2]
 
 
 def test_one_thread_or_one_sample_stays_on_the_calling_thread(no_pool, chunks) -> None:
     assert stack_for(1) is threads.stack_into and isinstance(stack_for(2), ThreadedStack)
     ThreadedStack(1, min_bytes=0)([np.ones(4)] * 4, np.empty((4, 4)))
     ThreadedStack(4, min_bytes=0)([np.ones(4)], np.empty((1, 4)))
-    assert threads._pool is None and chunks == [("MainThread", 4), ("MainThread", 1)]
+    assert _helpers_alive() == [] and chunks == [("MainThread", 4), ("MainThread", 1)]
 
 
 # -- errors as single-threaded -----------------------------------------------------------------
@@ -198,26 +204,34 @@ def test_a_helper_chunk_exception_is_raised_unchanged(monkeypatch) -> None:
 
 
 def test_pool_threads_are_named_daemons_of_this_process(no_pool) -> None:
-    ThreadedStack(3, min_bytes=0)([np.ones(8)] * 6, np.empty((6, 8)))
-    pool = threads._pool
-    assert pool is not None and pool.owner.here
+    stack = ThreadedStack(3, min_bytes=0)
+    stack([np.ones(8)] * 6, np.empty((6, 8)))
+    pool = stack.pool
+    assert pool.owner.here
     assert [t.name for t in pool.threads] == ["shmloader-collate-1", "shmloader-collate-2"]
     assert all(t.daemon and t.is_alive() for t in pool.threads)
-    ThreadedStack(2, min_bytes=0)([np.ones(8)] * 6, np.empty((6, 8)))
-    assert threads._pool is pool and len(pool.threads) == 2  # one pool per process, grown only as needed
+    helpers = list(pool.threads)
+    stack([np.ones(8)] * 2, np.empty((2, 8)))
+    assert pool.threads == helpers  # the stack's own pool, grown only as needed
+    stack.close()
+    assert _helpers_alive() == [] and not any(t.is_alive() for t in helpers)
 
 
-def _collate_in_forked_child(conn: Any, parent_pool_pid: int) -> None:
+def _collate_in_forked_child(conn: Any, inherited: ThreadedStack, parent_pid: int) -> None:
     try:
+        out = inherited([np.full(8, i) for i in range(4)], np.empty((4, 8), int))
+        alive = _helpers_alive()
+        inherited.close()
         loader: shmloader.DataLoader[Any] = shmloader.DataLoader(ArrayDataset(BIG_BATCH), batch_size=BIG_BATCH,
                                                                  collate_threads=2)
         (batch,) = list(loader)
-        pool = threads._pool
         conn.send({
             "right": bool(np.array_equal(batch, np.stack([np.full(SAMPLE_SHAPE, i, np.float32)
-                                                           for i in range(BIG_BATCH)]))),
-            "own pool": pool is not None and pool.owner.pid == os.getpid() != parent_pool_pid,
-            "alive": [t.name for t in pool.threads if t.is_alive()] if pool is not None else [],
+                                                           for i in range(BIG_BATCH)])))
+            and out[:, 0].tolist() == [0, 1, 2, 3],
+            "own pool": inherited.pool.owner.pid == os.getpid() != parent_pid,
+            "alive": alive,
+            "after": _helpers_alive(),
         })
     except BaseException as exc:  # reported to the test, not lost in the child's stderr
         conn.send({"error": repr(exc)})
@@ -226,13 +240,15 @@ def _collate_in_forked_child(conn: Any, parent_pool_pid: int) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # another's fork, on purpose
 def test_a_forked_child_makes_its_own_pool_and_collates_big_batches() -> None:
-    ThreadedStack(2, min_bytes=0)([np.ones(8)] * 4, np.empty((4, 8)))  # the parent's pool exists
-    parent_pool = threads._pool
-    assert parent_pool is not None and parent_pool.owner.here
+    stack = ThreadedStack(2, min_bytes=0)
+    stack([np.ones(8)] * 4, np.empty((4, 8)))  # the parent's helper runs as another's fork copies it
+    parent_helpers = list(stack.pool.threads)
+    assert stack.pool.owner.here and len(parent_helpers) == 1
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_collate_in_forked_child, args=(send, parent_pool.owner.pid))
+    child = ctx.Process(target=_collate_in_forked_child, args=(send, stack, os.getpid()))
     child.start()
     send.close()
     try:
@@ -243,9 +259,10 @@ def test_a_forked_child_makes_its_own_pool_and_collates_big_batches() -> None:
         if child.is_alive():
             child.kill()
             child.join()
-    assert report == {"right": True, "own pool": True, "alive": ["shmloader-collate-1"]}
+    assert report == {"right": True, "own pool": True, "alive": ["shmloader-collate-1"], "after": []}
     assert child.exitcode == 0
-    assert threads._pool is parent_pool
+    assert stack.pool.owner.here and stack.pool.threads == parent_helpers  # the parent's, untouched
+    stack.close()
 
 
 # -- collate_threads: config, loader, iterator -------------------------------------------------
@@ -301,7 +318,7 @@ def test_num_workers_0_splits_big_batches_over_collate_threads(no_pool, chunks, 
     assert isinstance(it._stack, ThreadedStack) and it._stack.threads == 2  # type: ignore[attr-defined]
     batch = next(it)
     assert np.array_equal(batch[:, 0, 0], np.arange(BIG_BATCH, dtype=np.float32))
-    assert len(chunks) == 2 and threads._pool is not None
+    assert len(chunks) == 2 and len(it._stack.pool.threads) == 1  # type: ignore[attr-defined]
 
 
 def test_collate_threads_1_stays_single_threaded(no_pool, chunks) -> None:
@@ -309,7 +326,7 @@ def test_collate_threads_1_stays_single_threaded(no_pool, chunks) -> None:
     assert it._stack is threads.stack_into  # type: ignore[attr-defined]
     batch = next(it)
     assert np.array_equal(batch[:, 0, 0], np.arange(BIG_BATCH, dtype=np.float32))
-    assert threads._pool is None and chunks == [("MainThread", BIG_BATCH)]
+    assert _helpers_alive() == [] and chunks == [("MainThread", BIG_BATCH)]
 
 
 class Probe:
@@ -326,9 +343,9 @@ class ProbeDataset(ArrayDataset):
 
 def _probe_rule(batch: Any, ctx: Any) -> Any:
     array = ctx.collate([p.array for p in batch], ".array")
-    pool = threads._pool
-    flags = np.array([ctx.stack is stack_into, pool is not None and pool.owner.here,
-                      any(t.name.startswith("shmloader-collate") for t in threading.enumerate())])
+    helpers = ctx.stack.pool.threads if isinstance(ctx.stack, ThreadedStack) else []
+    flags = np.array([ctx.stack is stack_into, bool(helpers) and ctx.stack.pool.owner.here,
+                      bool(_helpers_alive())])
     return {"array": array, "flags": write_array(flags, ctx)}
 
 
@@ -338,7 +355,7 @@ def test_workers_stack_with_one_thread_and_never_use_the_pool(no_pool) -> None:
     try:
         in_process = [batch["flags"].tolist() for batch in
                       shmloader.DataLoader(ProbeDataset(BIG_BATCH), batch_size=BIG_BATCH, collate_threads=2)]
-        # the workers fork from a process whose pool exists: they inherit it, and must not use it
+        # the workers fork from a process whose helpers ran: they must not use them
         loader: shmloader.DataLoader[Any] = shmloader.DataLoader(ProbeDataset(2 * BIG_BATCH), batch_size=BIG_BATCH,
                                                                  num_workers=2, multiprocessing_context="fork",
                                                                  collate_threads=2)

@@ -57,7 +57,7 @@ class _Handler:
         self.shields = 0
         self.held = False  # a Ctrl-C came while shielded
         self.deferrals = 0
-        self.retry: threading.Timer | None = None
+        self.retries: list[threading.Timer] = []  # every retry started: all are cancelled at the end
         self.previous_hook = sys.unraisablehook
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
@@ -73,9 +73,11 @@ class _Handler:
 
     def raise_later(self) -> None:
         """SIGINT again, as if Ctrl-C had been pressed again, :data:`RETRY_S` from now."""
-        self.retry = threading.Timer(RETRY_S, _thread.interrupt_main, (signal.SIGINT,))
-        self.retry.daemon = True
-        self.retry.start()
+        retry = threading.Timer(RETRY_S, _thread.interrupt_main, (signal.SIGINT,))
+        retry.daemon = True
+        retry.name = "shmloader-ctrl-c-retry"
+        self.retries.append(retry)  # list.append is atomic: the unraisable hook may run in any thread
+        retry.start()
 
     def unraisable(self, args: sys.UnraisableHookArgs) -> None:
         """``sys.unraisablehook``: a KeyboardInterrupt a finalizer swallowed is raised again later."""
@@ -85,8 +87,11 @@ class _Handler:
             self.previous_hook(args)
 
     def cancel(self) -> None:
-        if self.retry is not None:
-            self.retry.cancel()
+        """Cancel every pending retry, not only the last one, and join them: none fires later."""
+        for retry in self.retries:
+            retry.cancel()
+        for retry in self.retries:
+            retry.join()
 
 
 _active: _Handler | None = None
@@ -108,8 +113,8 @@ def ctrl_c_handled() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.unraisablehook = handler.previous_hook
-        handler.cancel()
         _active = None
+        handler.cancel()
 
 
 @contextmanager

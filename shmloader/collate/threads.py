@@ -1,11 +1,11 @@
 """Split a large numpy stack over a few threads when collating in the main process (issue 16).
 
-Owns the process's collate pool: helper threads named ``shmloader-collate-N`` that each copy one
-chunk of a stack at a time, made on first use and shared by every loader of the process (as torch
-shares its intra-op pool), and :class:`ThreadedStack`, the ``stack`` callable that
-``SingleProcessIter`` (``num_workers=0``) passes to ``collate``. Runs in the main process only:
-workers stack with one thread (``rules.stack_into``), as torch's workers do, and never reach this
-module's pool.
+Owns :class:`ThreadedStack`, the ``stack`` callable that ``SingleProcessIter`` (``num_workers=0``)
+passes to ``collate``, and through it a ``helpers.HelperPool``: threads named ``shmloader-collate-N``
+that each copy one chunk of a stack at a time, started at the first large stack and ended by
+``close()`` (the iterator's, as its epoch ends or it is closed) or as the stack is collected.
+Runs in the main process only: workers stack with one thread (``rules.stack_into``), as torch's
+workers do, and never start helpers.
 
 Why: torch's in-process collate is ``torch.stack``, which copies on torch's intra-op threads;
 numpy copies with one thread but releases the GIL while it does, so chunks of the samples stacked
@@ -25,9 +25,11 @@ Promises:
   ``stack_checked`` reports unequal shapes as it does single-threaded; a ``KeyboardInterrupt``
   (or ``SystemExit``), of a chunk or landing while the caller waits, comes first, and is raised
   only once no helper writes into ``out`` any more;
-- fork-safe: a forked child never uses the parent's pool (whose threads do not exist there:
-  ``owner.ProcessOwner``); its first large stack makes a fresh one;
-- the helpers are daemon threads, idle on a queue between stacks: they never delay exit.
+- the helpers live from the first large stack to ``close()`` (or the stack's collection), idle
+  on a queue between stacks; a stack after ``close()`` starts them again. They are daemon threads
+  (they never delay exit), and none lives when a worker of ours is forked (``helpers.join_all``);
+- fork-safe: a forked child never uses the parent's helpers (they do not exist there:
+  ``owner.ProcessOwner``); its first large stack starts its own.
 """
 
 from __future__ import annotations
@@ -35,15 +37,15 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from shmloader.collate.context import Stack
+from shmloader.collate.helpers import HelperPool
 from shmloader.collate.rules import stack_into
-from shmloader.owner import ProcessOwner, at_fork_in_child
 
 __all__ = ["AUTO_THREADS_MAX", "SPLIT_MIN_BYTES", "ThreadedStack", "resolve_threads", "stack_for"]
 
@@ -76,13 +78,20 @@ class ThreadedStack:
     most from a second thread on a 2-core VM (64 MiB: 9.8 → 5.8 ms). Smaller ones gained in
     isolation too, but not in the loader's rate (docs/performance.md). With the other core busy
     a split stack is a few per cent slower than one thread, as torch's stack is there.
+    ``min_bytes`` None: ``SPLIT_MIN_BYTES`` as the stack is made.
     """
 
-    __slots__ = ("threads", "min_bytes")
+    __slots__ = ("threads", "min_bytes", "pool", "__weakref__")
 
-    def __init__(self, threads: int, min_bytes: int = SPLIT_MIN_BYTES) -> None:
+    def __init__(self, threads: int, min_bytes: int | None = None) -> None:
         self.threads = threads
-        self.min_bytes = min_bytes
+        self.min_bytes = SPLIT_MIN_BYTES if min_bytes is None else min_bytes
+        self.pool = HelperPool()
+        weakref.finalize(self, self.pool.stop).atexit = False  # collected unclosed: its helpers exit
+
+    def close(self) -> None:
+        """End the helpers and join them (a later stack starts them again)."""
+        self.pool.close()
 
     def __call__(self, batch: Sequence[Any], out: np.ndarray) -> np.ndarray:
         n = len(batch)
@@ -90,9 +99,9 @@ class ThreadedStack:
             return stack_into(batch, out)
         chunks = min(self.threads, n)
         call = _Call(batch, out, chunks)
-        jobs = _shared_pool(chunks - 1).jobs
+        jobs = self.pool.queue(chunks - 1)
         for _ in range(chunks - 1):
-            jobs.put(call)
+            jobs.put(call.help)
         ran, errors = call.work()
         interrupt: BaseException | None = None
         waiting = chunks - ran
@@ -149,57 +158,6 @@ class _Call:
             ran += 1
         return ran, errors
 
-
-class _Pool:
-    """Helper threads serving one job queue; they belong to the process that made them."""
-
-    __slots__ = ("owner", "jobs", "threads", "lock")
-
-    def __init__(self) -> None:
-        self.owner = ProcessOwner()
-        self.jobs: queue.SimpleQueue[_Call] = queue.SimpleQueue()
-        self.threads: list[threading.Thread] = []
-        self.lock = threading.Lock()
-
-    def grow(self, helpers: int) -> None:
-        with self.lock:
-            while len(self.threads) < helpers:
-                thread = threading.Thread(target=_serve, args=(self.jobs,), daemon=True,
-                                          name=f"shmloader-collate-{len(self.threads) + 1}")
-                thread.start()
-                self.threads.append(thread)
-
-
-def _serve(jobs: queue.SimpleQueue[_Call]) -> None:
-    """A helper's life: take a call, stack what is left of it, wait for the next."""
-    while True:
-        call = jobs.get()
-        call.work(helper=True)
-        del call  # hold no batch while idle
-
-
-_pool: _Pool | None = None
-_lock = threading.Lock()
-
-
-def _shared_pool(helpers: int) -> _Pool:
-    """This process's pool, with at least ``helpers`` threads; made here on first use (and in a
-    forked child, whose inherited pool has no threads)."""
-    global _pool
-    pool = _pool
-    if pool is None or not pool.owner.here:
-        with _lock:
-            pool = _pool
-            if pool is None or not pool.owner.here:
-                pool = _pool = _Pool()
-    if len(pool.threads) < helpers:
-        pool.grow(helpers)
-    return pool
-
-
-def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # a thread of the parent may have held it when the process forked
-
-
-at_fork_in_child(_after_fork_in_child)  # owner.py owns the package's fork hooks
+    def help(self) -> None:
+        """A helper's job: stack chunks until none is left, reporting each on ``done``."""
+        self.work(helper=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
-from shmloader.collate.threads import stack_for
+from shmloader.collate.threads import ThreadedStack, stack_for
 from shmloader.engine.plan import Plan
 from shmloader.engine.stepguard import reentry_error
 from shmloader.errors import LoaderClosed, PluginError
@@ -215,9 +215,10 @@ def _close(it: BaseIter) -> None:
 
 class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
-    ``collate_threads`` of ``collate.threads``), into ordinary memory (large arrays into buffers of
-    the iterator's ``collate.heap_pool.HeapPool``, reused once no batch refers to them). A ``next()``
-    inside its own ``next()`` (an observer's hook) is refused, as the multi-process one refuses it."""
+    ``collate_threads`` of ``collate.threads``, whose helpers end with the epoch), into ordinary
+    memory (large arrays into buffers of the iterator's ``collate.heap_pool.HeapPool``, reused once
+    no batch refers to them). A ``next()`` inside its own ``next()`` (an observer's hook) is
+    refused, as the multi-process one refuses it."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -248,7 +249,7 @@ class SingleProcessIter(BaseIter):
         except StopIteration:
             if self._state is IterState.RUNNING:
                 self._state = IterState.EXHAUSTED
-                self._pool.clear()
+                self._release()
                 self._record.finished = True  # before the observers: a state they save is the next epoch's start
                 self._plan.events.epoch_end()
             raise
@@ -257,7 +258,13 @@ class SingleProcessIter(BaseIter):
 
     def close(self) -> None:
         super().close()
+        self._release()
+
+    def _release(self) -> None:
+        """Give up what only a running epoch needs: the batch buffers and the collate helpers."""
         self._pool.clear()
+        if isinstance(self._stack, ThreadedStack):
+            self._stack.close()
 
     def _fetch_next(self) -> Any:
         if self._state is IterState.CLOSED:
