@@ -25,7 +25,6 @@ else's) or off the main thread, nothing is installed and :func:`shielded` holds 
 
 from __future__ import annotations
 
-import _thread
 import os
 import signal
 import sys
@@ -34,9 +33,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from shmloader.redeliver import SOON_S, interrupt_main_later
+
 __all__ = ["MAX_DEFERRALS", "RETRY_S", "ctrl_c_handled", "shielded", "unsafe_to_raise"]
 
-RETRY_S = 0.02
+RETRY_S = SOON_S
 MAX_DEFERRALS = 250  # five seconds in all: what takes longer is stuck, interrupt it anyway
 _SHARER = os.path.join("multiprocessing", "resource_sharer.py")
 
@@ -73,9 +74,7 @@ class _Handler:
 
     def raise_later(self) -> None:
         """SIGINT again, as if Ctrl-C had been pressed again, :data:`RETRY_S` from now."""
-        self.retry = threading.Timer(RETRY_S, _thread.interrupt_main, (signal.SIGINT,))
-        self.retry.daemon = True
-        self.retry.start()
+        self.retry = interrupt_main_later(RETRY_S)  # kept: ctrl_c_handled cancels it on exit
 
     def unraisable(self, args: sys.UnraisableHookArgs) -> None:
         """``sys.unraisablehook``: a KeyboardInterrupt a finalizer swallowed is raised again later."""
