@@ -5,7 +5,7 @@ the batches it had not handed out are gone. A caller that catches the error and 
 ``next()`` (a loop that skips a bad batch, as the engine allows for a dataset's own errors) used to
 get ``StopIteration`` there: the epoch ended early and quietly, the rest of its batches lost. Such a
 ``next()`` now raises ``LoaderError`` naming the fault, as ``next()`` after ``close()`` raises
-``LoaderClosed``; ``iter(loader)`` starts afresh.
+``LoaderClosed``; ``iter(loader)`` starts afresh (``iter()`` on the device prefetcher, for its user).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def _loader(**kw: Any) -> DataLoader:
                       multiprocessing_context="fork", **kw)
 
 
-def _next_after_the_fault(it: Any) -> None:
-    """Read up to the worker's death (batches before it arrive), then call next() once more."""
+def _next_after_the_fault(it: Any, start_over: str = "iter(loader)") -> None:
+    """Read up to the worker's death (batches before it arrive), then call next() once more: the
+    error names ``start_over``, the call that starts a new epoch."""
     with pytest.raises(WorkerDied):
         for _ in range(8):
             next(it)
@@ -33,7 +34,7 @@ def _next_after_the_fault(it: Any) -> None:
                                           r"\(pid \d+\) exited unexpectedly") as info:
         next(it)
     assert not isinstance(info.value, LoaderClosed)
-    assert "iter(loader)" in str(info.value)
+    assert str(info.value).endswith(f"Start a new epoch with {start_over}."), str(info.value)
 
 
 @pytest.mark.timeout(30)
@@ -50,5 +51,5 @@ def test_next_after_a_fault_raises_instead_of_ending_the_epoch_quietly(persisten
 @pytest.mark.timeout(30)
 def test_a_device_prefetcher_after_a_fault_raises_too() -> None:
     with _loader() as loader:
-        _next_after_the_fault(iter(to_device(loader, "cpu")))
+        _next_after_the_fault(iter(to_device(loader, "cpu")), "iter() on the to_device() prefetcher")
 

@@ -25,7 +25,6 @@ else's) or off the main thread, nothing is installed and :func:`shielded` holds 
 
 from __future__ import annotations
 
-import _thread
 import os
 import signal
 import sys
@@ -34,9 +33,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from shmloader.redeliver import SOON_S, interrupt_main_later
+
 __all__ = ["MAX_DEFERRALS", "RETRY_S", "ctrl_c_handled", "shielded", "unsafe_to_raise"]
 
-RETRY_S = 0.02
+RETRY_S = SOON_S
 MAX_DEFERRALS = 250  # five seconds in all: what takes longer is stuck, interrupt it anyway
 _SHARER = os.path.join("multiprocessing", "resource_sharer.py")
 
@@ -73,11 +74,8 @@ class _Handler:
 
     def raise_later(self) -> None:
         """SIGINT again, as if Ctrl-C had been pressed again, :data:`RETRY_S` from now."""
-        retry = threading.Timer(RETRY_S, _thread.interrupt_main, (signal.SIGINT,))
-        retry.daemon = True
-        retry.name = "shmloader-ctrl-c-retry"
+        retry = interrupt_main_later(RETRY_S)
         self.retries.append(retry)  # list.append is atomic: the unraisable hook may run in any thread
-        retry.start()
 
     def unraisable(self, args: sys.UnraisableHookArgs) -> None:
         """``sys.unraisablehook``: a KeyboardInterrupt a finalizer swallowed is raised again later."""

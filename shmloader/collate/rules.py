@@ -292,9 +292,14 @@ def _write_numbers(
 def collate_mappings(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Mappings: the first sample's mapping type, each key's values collated (torch's rule)."""
     elem = batch[0]
-    values = {
-        key: ctx.collate(list(map(itemgetter(key), batch)), f"[{key!r}]") for key in elem
-    }
+    values = {}
+    for key in elem:  # a loop, not a comprehension: one frame per level (ctx.enter)
+        samples = list(map(itemgetter(key), batch))
+        rule = ctx.enter(samples, f"[{key!r}]")
+        try:
+            values[key] = rule(samples, ctx)
+        finally:
+            ctx.leave()
     return rebuild_mapping(elem, values)
 
 
@@ -303,8 +308,12 @@ def rebuild_mapping(template: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
 
     Mutable mappings are cloned (``copy.copy``) and updated, since the type may carry extra
     state; others are made as ``type(template)(values)``; if either raises TypeError (no
-    copy()/update(), or no ``__init__(mapping)``), ``values`` itself: a plain dict.
+    copy()/update(), or no ``__init__(mapping)``), ``values`` itself: a plain dict. A plain dict
+    template gives ``values`` at once (its clone would be equal), with no ABC check, which costs
+    frames at the deepest level of a nested sample (tests/test_collate_depth.py).
     """
+    if type(template) is dict:
+        return values
     try:
         if isinstance(template, MutableMapping):
             clone = copy.copy(template)
@@ -318,10 +327,13 @@ def rebuild_mapping(template: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
 def collate_namedtuples(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """namedtuples: the same namedtuple type, each field collated."""
     elem = batch[0]
-    fields = [
-        ctx.collate(samples, f".{name}")
-        for name, samples in zip(elem._fields, zip(*batch))
-    ]
+    fields = []
+    for name, samples in zip(elem._fields, zip(*batch)):  # one frame per level (ctx.enter)
+        rule = ctx.enter(samples, f".{name}")
+        try:
+            fields.append(rule(samples, ctx))
+        finally:
+            ctx.leave()
     return type(elem)(*fields)
 
 
@@ -330,7 +342,13 @@ def collate_sequences(batch: Sequence[Any], ctx: CollateContext) -> Any:
     sizes = set(map(len, batch))
     if len(sizes) > 1:
         _raise_unequal_lengths(batch, ctx)
-    collated = [ctx.collate(samples, f"[{i}]") for i, samples in enumerate(zip(*batch))]
+    collated = []
+    for i, samples in enumerate(zip(*batch)):  # one frame per level (ctx.enter)
+        rule = ctx.enter(samples, f"[{i}]")
+        try:
+            collated.append(rule(samples, ctx))
+        finally:
+            ctx.leave()
     return rebuild_sequence(batch[0], collated)
 
 
@@ -340,9 +358,10 @@ def rebuild_sequence(template: Sequence[Any], values: list[Any]) -> Any:
     Tuples (namedtuples are not meant for this) become ``values`` itself, a list: torch's
     "Backwards compatibility". Mutable sequences are cloned (``copy.copy``) and filled item by
     item; others are made as ``type(template)(values)``; if either raises TypeError (no
-    copy()/``__setitem__``, or no ``__init__(iterable)``, e.g. range), ``values`` itself.
+    copy()/``__setitem__``, or no ``__init__(iterable)``, e.g. range), ``values`` itself. A plain
+    list template gives ``values`` at once, as a tuple does (its clone would be equal).
     """
-    if isinstance(template, tuple):
+    if type(template) is list or isinstance(template, tuple):
         return values
     try:
         if isinstance(template, MutableSequence):

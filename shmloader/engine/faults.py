@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from shmloader.engine.caller import LOADER, Caller
 from shmloader.errors import (
     LoaderError,
     PoisonTask,
@@ -232,11 +233,12 @@ def _some(deaths: Sequence[str], shown: int = 6) -> str:
 
 
 def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None],
-              kept: bool = False) -> WorkerTimeout:
+              kept: bool = False, caller: Caller = LOADER) -> WorkerTimeout:
     """torch's "DataLoader timed out after N seconds", plus what was outstanding where, and what
-    follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down."""
+    follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down;
+    ``caller`` names the calls that go on (the loader's, or the device prefetcher's)."""
     held = ", ".join(f"worker {w} (pid {p})" for w, p in sorted(worker_pids.items()))
-    follows = (" The persistent workers were kept: next() waits for this batch again, and iter(loader) "
+    follows = (f" The persistent workers were kept: {caller.next} waits for this batch again, and {caller.epoch} "
                "starts the next epoch on them; to kill a worker that hangs, set task_timeout_s." if kept else
                " The loader was shut down cleanly; iterate again to start over, or raise timeout=.")
     msg = (f"DataLoader timed out after {timeout_s} seconds. Outstanding: {format_tasks(tasks)}"
@@ -270,12 +272,13 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def stopped_after(iterator: str, cause: str) -> LoaderError:
+def stopped_after(iterator: str, cause: str, caller: Caller = LOADER) -> LoaderError:
     """``next()`` on an iterator that a fault shut down: never a quiet end of the epoch, whose
-    batches not handed out were lost with the workers. ``cause`` is :func:`first_line` of the fault."""
+    batches not handed out were lost with the workers. ``cause`` is :func:`first_line` of the fault;
+    ``caller`` names the call that starts an epoch (the loader's, or the device prefetcher's)."""
     return LoaderError(f"this {iterator} stopped at an earlier error ({cause}) and shut its workers down: the "
                        "batches of this epoch it had not handed out were not loaded. Start a new epoch with "
-                       "iter(loader).")
+                       f"{caller.epoch}.")
 
 
 _OOM_KILLS_AT_START = _cgroup_oom_kills()

@@ -26,6 +26,7 @@ from typing import Any
 from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import ThreadedStack, stack_for
+from shmloader.engine.caller import LOADER, Caller
 from shmloader.engine.plan import Plan
 from shmloader.engine.stepguard import reentry_error
 from shmloader.errors import LoaderClosed, PluginError
@@ -46,7 +47,10 @@ class BaseIter:
     """What single- and multi-process iteration share (torch's ``_BaseDataLoaderIter``).
 
     Reads only its ``Plan``; the loader's epoch bookkeeping is reached through ``plan.book``.
+    ``caller``: who drives this epoch, as the advice of its errors names the calls (``engine.caller``).
     """
+
+    caller: Caller = LOADER
 
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
@@ -73,6 +77,7 @@ class BaseIter:
                            "ended first): %s", self._observer_error)
             self._observer_error = None
         self._plan = plan
+        self.caller = LOADER  # until a driver of this epoch says otherwise (the device prefetcher)
         self._start_epoch(reuse_seed=self._base_seed)
         self._len_called = plan.len_called
 
@@ -199,7 +204,7 @@ class BaseIter:
 
     def _closed_error(self) -> LoaderClosed:
         return LoaderClosed(f"this {type(self).__name__} was stopped by close() (the loader's or its own): "
-                            "start a new epoch with iter(loader)")
+                            f"start a new epoch with {self.caller.epoch}")
 
 
 def close_each(iterators: Iterable[BaseIter]) -> None:

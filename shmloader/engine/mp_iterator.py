@@ -230,7 +230,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
             raise self._closed_error()
         if self._state is not IterState.RUNNING:
             if self._state is IterState.BROKEN:  # its batches died with its workers: never a quiet end
-                raise faults.stopped_after(type(self).__name__, self._broken_by)
+                raise faults.stopped_after(type(self).__name__, self._broken_by, self.caller)
             raise StopIteration
         started = self._started = time.monotonic()
         self._user_error: BaseException | None = None

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shmloader.engine import faults
+from shmloader.engine.caller import Caller
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.reaping import join_killed
@@ -55,6 +56,7 @@ class WaitAndRecover:
     _growths: Growths
     _reorder: Any
     _plan: Any
+    caller: Caller  # BaseIter.caller: who drives this epoch, as the advice of its errors names the calls
     _policy: faults.FaultPolicy
     _epoch: int
     _record: EpochRecord  # the epoch's record (BaseIter): which tasks are done
@@ -330,7 +332,7 @@ class WaitAndRecover:
             if not kept:
                 raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
             # the step loop lets a kept timeout through (_plan.persistent), the iterator still running
-            raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True)
+            raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True, caller=self.caller)
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
         """Kill ``w``, which held a task past its deadline when the wait timed out, unless the

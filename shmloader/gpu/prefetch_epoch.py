@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from shmloader import state as _state
+from shmloader.engine.caller import TO_DEVICE, Caller
 from shmloader.gpu.backends import Event
 from shmloader.kept import keep
 
@@ -93,12 +94,16 @@ class Epoch:
     past ``max_held`` right after k was made ready keeps k (``ready``): the next ``next()`` hands it out.
     When the epoch ends, or the iterator is dropped early, every copy finishes before its slot is
     let go (``DevicePrefetcher._drain``, a finalizer: the generator's ``finally`` it replaces).
+    A loader's iterator it drives is marked so (``engine.caller``): the advice of its errors names
+    ``next()`` on this iterator and ``iter()`` on the prefetcher, not ``iter(loader)``.
     """
 
     def __init__(self, pre: DevicePrefetcher) -> None:
         pre._mark = None
         self.pre = pre
         self.batches = iter(pre.source)  # first: a loader picks its pin backend when it starts
+        if isinstance(getattr(self.batches, "caller", None), Caller):  # a loader's iterator: its errors'
+            self.batches.caller = TO_DEVICE  # type: ignore[attr-defined]  # advice names our calls
         try:
             self.transfer = pre._epoch_transfer()
             self.stream = self.transfer.new_stream(pre.device)

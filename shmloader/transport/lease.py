@@ -14,9 +14,7 @@ queues says whether other code forked the process while the batch was held
 
 from __future__ import annotations
 
-import _thread
 import atexit
-import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from typing import Any
 
 from shmloader.log import logger
 from shmloader.owner import ProcessOwner, forked_since
+from shmloader.redeliver import interrupt_main_later
 from shmloader.transport.segment import Segment
 
 SegmentHook = Callable[[Segment], None]
@@ -83,24 +82,13 @@ LIVE: dict[int, Lease] = {}  # id -> every lease not yet fired
 
 def lease_died(lease: Lease, _pop: Callable = LIVE.pop) -> None:
     """The weakref callback. A Ctrl-C that lands in it, which Python would print and swallow here,
-    is delivered again (:func:`_interrupt_again`)."""
+    is delivered again a moment later (``redeliver.interrupt_main_later``): called in the callback
+    itself, SIGINT's handler would run before the callback returned, and be swallowed again."""
     try:
         if _pop(id(lease), None) is not None:  # None: dropped at exit, or fired already
             _on_release(*lease.args)
     except KeyboardInterrupt:
-        _interrupt_again()
-
-
-REDELIVER_S = 0.02  # long enough for the callback to have returned: SIGINT's handler runs at once
-
-
-def _interrupt_again() -> None:
-    """Run SIGINT's handler in the main thread (``_thread.interrupt_main``, a KeyboardInterrupt with
-    Python's default one) :data:`REDELIVER_S` from now, from a daemon timer: called in the callback
-    itself, the handler would run before the callback returned, and be swallowed again."""
-    timer = threading.Timer(REDELIVER_S, _thread.interrupt_main)
-    timer.daemon = True
-    timer.start()
+        interrupt_main_later()
 
 
 @atexit.register

@@ -1,0 +1,30 @@
+"""A Ctrl-C delivered again a moment later, where it came at a place that would lose it.
+
+Owns :func:`interrupt_main_later`, the one way the package raises SIGINT in the main thread again:
+a lease's finalizer (``transport.lease``: Python swallows a KeyboardInterrupt in a weakref
+callback) and the command line's SIGINT handler (``cli.interrupt``: a ``__del__``, the resource
+sharer, a finalizer that swallowed it) both use it. Promises: the handler runs in the main thread,
+as if Ctrl-C had been pressed again, no sooner than ``delay_s`` from the call, so never inside the
+code that called it; the timer is a daemon thread, which never keeps the process alive.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import threading
+
+__all__ = ["SOON_S", "interrupt_main_later"]
+
+SOON_S = 0.02  # long enough for the caller to have returned: SIGINT's handler then runs at once
+
+
+def interrupt_main_later(delay_s: float = SOON_S) -> threading.Timer:
+    """Run SIGINT's handler in the main thread ``delay_s`` from now (``_thread.interrupt_main``: a
+    KeyboardInterrupt under Python's default handler), from a daemon timer. Returns the timer,
+    whose ``cancel()`` drops the interrupt if it has not fired yet."""
+    timer = threading.Timer(delay_s, _thread.interrupt_main, (signal.SIGINT,))
+    timer.daemon = True
+    timer.name = "shmloader-ctrl-c-retry"
+    timer.start()
+    return timer
