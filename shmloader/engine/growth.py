@@ -12,6 +12,8 @@ and at start every task in flight grows at once. Reserved in one call each, thos
 held up the first batch long after it was ready; in parts of ``CHUNK_BYTES``, the earliest task
 first, the engine delivers a batch that became due within one part.
 
+How large slots are asked to be, and when that size comes down again, is ``engine/slot_size.py``'s.
+
 Promises: the earliest task (epoch, task) grows first; a task is handed back exactly once, by
 ``step`` when its slot has grown, or by ``abandon`` with its growth dropped — never both; a growing
 segment is named to no worker before it is whole (the ring keeps it apart: ``Slot.growing``).

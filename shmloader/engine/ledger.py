@@ -106,15 +106,16 @@ class Ledger:
         if rec.slot is not None:
             self.ring.abandon_resize(rec.slot, rec.key)
 
-    def fill(self, rec: TaskRecord, slot_id: int, used_bytes: int = -1) -> None:
-        """The worker wrote the batch, in the first ``used_bytes`` of the slot (-1: not said). The
-        reply's slot id must be the task's slot."""
+    def fill(self, rec: TaskRecord, slot_id: int, used_bytes: int = -1) -> int:
+        """The worker wrote the batch, in the first ``used_bytes`` of the slot (-1: not said, all of
+        them); returns those bytes. The reply's slot id must be the task's slot."""
         slot = self._slot(rec)
         if slot_id != slot.id:
             raise DescriptorError(f"task {rec.task} was given slot {slot.id}, but its worker's descriptor names "
                                   f"slot {slot_id}; nothing was viewed")
         self.ring.fill(slot, rec.key, used_bytes)
         self._forget(rec.key)
+        return slot.used_bytes
 
     def release(self, rec: TaskRecord) -> None:
         """The task ended without a batch to view (it failed, ran out of data, or belongs to an

@@ -42,6 +42,7 @@ from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
 from shmloader.engine.reorder import Reorder
 from shmloader.engine.send import SendTasks
+from shmloader.engine.slot_size import SlotSize
 from shmloader.engine.stepguard import StepGuard
 from shmloader.engine.wait import WaitAndRecover
 from shmloader.engine.workers import WorkerPool
@@ -94,7 +95,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                                           cfg.task_timeout_s)
         self._dispatcher = Dispatcher(self._num_workers, self._prefetch, mode=cfg.dispatch, in_order=plan.in_order,
                                       iterable=self._iterable)
-        self._slot_bytes = page_round(cfg.slot_bytes) if cfg.slot_bytes else FIRST_SLOT_BYTES
+        self._slot_size = SlotSize(page_round(cfg.slot_bytes) if cfg.slot_bytes else FIRST_SLOT_BYTES,
+                                   ring_slots(self._num_workers, self._prefetch))
         self._none_exhausted = [False] * self._num_workers  # a map-style dataset's workers never run out
         self._full_capacity = self._dispatcher.capacity(self._none_exhausted)
         self._task_seeding = cfg.task_seeding
@@ -110,7 +112,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)
         live.IN_PROCESS.add(self)
         if cfg.slot_bytes:
-            plan.preflight(self._ring, self._slot_bytes, ring_slots(self._num_workers, self._prefetch), given=True)
+            plan.preflight(self._ring, self._slot_size.bytes, ring_slots(self._num_workers, self._prefetch), given=True)
         self._pool.start_all()
 
     # -- epoch life cycle ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from shmloader.engine.dispatch import Dispatcher, task_indices
 from shmloader.engine.ledger import Ledger, TaskRecord
+from shmloader.engine.slot_size import SlotSize
 from shmloader.engine.workers import WorkerHandle
 from shmloader.kept import keep
 from shmloader.transport.messages import Detach
@@ -36,7 +37,7 @@ class SendTasks:
     _skip: Any
     _epoch: int
     _next_task: int
-    _slot_bytes: int
+    _slot_size: SlotSize
     _iterable: bool
     _auto_collation: bool
     _base_seed: int
@@ -78,7 +79,7 @@ class SendTasks:
             except StopIteration:
                 self._sampler_done = True
                 return
-            rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_bytes)
+            rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_size.bytes)
             self._next_task += 1
             self._flush_detach()
             self._send(workers[w], rec)

@@ -31,6 +31,7 @@ from shmloader.engine.caller import Caller
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.reaping import join_killed
+from shmloader.engine.slot_size import SlotSize
 from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
 from shmloader.kept import keep
@@ -38,9 +39,7 @@ from shmloader.log import logger
 from shmloader.state import EpochRecord
 from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS
-from shmloader.transport.segment import page_round
 
-GROWTH = 1.25  # a slot that was too small grows to this multiple of the bytes the batch needed
 # poll() takes at most 2**31 - 1 ms (24.8 days); a longer timeout= waits again when this one ends
 _MAX_POLL_MS = 2**31 - 1
 
@@ -62,7 +61,7 @@ class WaitAndRecover:
     _record: EpochRecord  # the epoch's record (BaseIter): which tasks are done
     _iterable: bool
     _restarts: int
-    _slot_bytes: int
+    _slot_size: SlotSize
     _sampler_done: bool
     _fail: Callable[[BaseException], BaseException]
     _send: Callable[[WorkerHandle, TaskRecord], None]
@@ -253,7 +252,7 @@ class WaitAndRecover:
             return
         w.pop(rec.key)
         if isinstance(msg, Filled) and not stale:
-            self._ledger.fill(rec, msg.slot_id, msg.used_bytes)
+            self._slot_size.observe(self._ledger.fill(rec, msg.slot_id, msg.used_bytes))
             self._reorder.put(rec.task, (rec, msg))
             return
         self._ledger.release(rec)  # failed, exhausted, or a reply of an abandoned epoch: no view is made
@@ -283,7 +282,7 @@ class WaitAndRecover:
         wait: batches finished before this one, read in the same wait, are handed out first
         (tests/test_growth_deep.py). The task stays with its worker meanwhile, its slot unchanged.
         """
-        slot_bytes = max(self._slot_bytes, page_round(int(needed * GROWTH)))
+        slot_bytes = self._slot_size.grown(needed)
         try:
             self._plan.preflight(self._ring, slot_bytes, self._capacity() + CONSUMER_SLOTS)
             self._growths.start(rec, slot_bytes)
@@ -291,7 +290,7 @@ class WaitAndRecover:
             if self._fault is None:
                 self._fault = keep(exc)
             return
-        self._slot_bytes = slot_bytes
+        self._slot_size.grew_to(slot_bytes, needed)
         w.pop(rec.key)
 
     def _grow(self) -> None:

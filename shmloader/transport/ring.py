@@ -49,6 +49,11 @@ Once the user drops held batches, the ring keeps segments for its steady size an
 slot, beside the slots in use: a slot released past that is spent at once, wherever it sits, and
 ``shrink_to`` compacts the ring at a persistent loader's next epoch (``transport/ring_reclaim.py``).
 ``take`` hands out a free slot that has a segment before a spent one.
+
+Slots follow the size tasks ask down as well as up: ``take`` renews a free slot over ``SHRINK`` x
+the ask (or spent) at the ask, so once the iterator lowers the ask after an outlier batch
+(``engine/slot_size.py``: only when the recent batches are all well below it) its slots go as
+their next tasks take them. Only free slots are renewed: never one a task or a view holds.
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ from shmloader.transport.segment import Segment, page_round
 from shmloader.transport.shm_space import explain_enospc, held_space_error
 from shmloader.transport.slot import Slot, SlotState
 
-__all__ = ["Ring", "Slot", "SlotState"]
+__all__ = ["SHRINK", "Ring", "Slot", "SlotState"]
+
+SHRINK = 4  # take renews a free slot over this many times the bytes its task asks (engine/slot_size.py)
 
 
 class Ring(SlotGrowth, SlotReclaim):
@@ -132,6 +139,8 @@ class Ring(SlotGrowth, SlotReclaim):
                 self._renew(slot, min_bytes)
             elif slot.size_bytes < min_bytes:
                 self.resize(slot, min_bytes, owner)
+            elif slot.size_bytes > SHRINK * min_bytes:
+                self._shrink(slot, min_bytes, owner)
         except BaseException:
             slot.state, slot.owner = SlotState.FREE, None
             self._free.appendleft(slot.id)
@@ -336,10 +345,21 @@ class Ring(SlotGrowth, SlotReclaim):
         return segment
 
     def _renew(self, slot: Slot, min_bytes: int) -> None:
-        """Give a spent slot a fresh segment, as large as its last one at least."""
-        slot.segment = self._new_segment(max(min_bytes, slot.size_bytes))
+        """Give a spent slot a fresh segment, as large as its last one at least, unless that one was
+        over ``SHRINK`` x ``min_bytes``: then of ``min_bytes``."""
+        size = slot.size_bytes
+        slot.segment = self._new_segment(min_bytes if size > SHRINK * min_bytes else max(min_bytes, size))
         slot.spent = False
         self._spent.discard(slot.id)
+
+    def _shrink(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
+        """Give a taken slot over ``SHRINK`` x ``min_bytes`` a segment of ``min_bytes`` (the old one
+        retired, through the pin backend's hooks in a pinned ring); with no room for it in the
+        directory the slot keeps its segment, which is large enough."""
+        try:
+            self.resize(slot, min_bytes, owner)
+        except ShmSpaceError:
+            pass
 
     def _created(self, segment: Segment) -> None:
         """Show a fully reserved segment to the pin backend (if that fails, the caller discards it)."""

@@ -5,7 +5,8 @@ slot's ``growing`` segment. Runs in the main process. Slot *ids* are stable: the
 and the old segment is *retired* (unlinked, and its name queued so the workers can unmap it). The
 new segment is made at once (``resize``) or reserved a part at a time (``begin_resize``, then
 ``reserve`` until it returns True), so that the main process can see to its workers' replies
-between the parts (issue 16).
+between the parts (issue 16). ``resize`` also gives a taken slot far larger than its task asks a
+smaller segment (``Ring.take``, after the iterator lowered the ask: ``engine/slot_size.py``).
 
 Promises: each transition refuses (``SlotOwnershipError``) a slot that the named task does not
 hold as assigned; until every byte is reserved the new segment stays the slot's ``growing``
@@ -45,7 +46,8 @@ class SlotGrowth:
     """The ring's methods that give an assigned slot a larger segment (a mixin of ``Ring``)."""
 
     def resize(self: _Ring, slot: Slot, min_bytes: int, owner: Hashable) -> None:
-        """Give an assigned slot a new segment of at least ``min_bytes`` (the batch did not fit)."""
+        """Give an assigned slot a new segment of at least ``min_bytes`` (the batch did not fit, or
+        the slot is over ``SHRINK`` x what its task asks: ``Ring.take``)."""
         self._check(slot, owner, "resize", SlotState.ASSIGNED)
         old = slot.segment
         slot.segment = self._new_segment(min_bytes)
