@@ -156,3 +156,25 @@ def test_slot_size_stays_for_sizes_within_a_band_and_follows_a_lasting_drop() ->
     assert size.bytes == grown
     _run(size, MIB, 4 * WINDOW_RINGS * 3)  # a lasting drop to 1 MiB batches: under 1/SHRINK of the size
     assert size.bytes == page_round(int(MIB * GROWTH)) and size.bytes * SHRINK < grown
+
+
+def test_the_buffer_types_of_sizes_no_slot_has_any_more_are_not_kept_for_ever(tmp_path: Any) -> None:
+    """A ring whose one slot is leased at 200 different sizes over its life (a loader whose batch
+    sizes keep moving up and down) keeps a ctypes buffer type for a bounded number of sizes."""
+    ring = Ring(str(tmp_path))
+    try:
+        slot = ring.grow(PAGE, (0, 0))
+        for task in range(200):
+            owner = (0, task)
+            if task:
+                taken = ring.take((task % 100 + 1) * PAGE * (SHRINK + 1) if task % 2 else PAGE, owner)
+                assert taken is slot
+            ring.fill(slot, owner, PAGE)
+            buf = ring.lease(slot, owner)
+            assert len(buf) == slot.size_bytes
+            del buf
+            gc.collect()
+            ring.collect_released()
+        assert len(ring._buffer_types) <= 2 * len(ring.slots) + 8
+    finally:
+        ring.close()

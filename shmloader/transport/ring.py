@@ -67,14 +67,12 @@ from shmloader.errors import RingExhausted, ShmSpaceError, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
 from shmloader.transport.ring_growth import SlotGrowth
-from shmloader.transport.ring_reclaim import SlotReclaim
+from shmloader.transport.ring_reclaim import SHRINK, SlotReclaim
 from shmloader.transport.segment import Segment, page_round
 from shmloader.transport.shm_space import explain_enospc, held_space_error
 from shmloader.transport.slot import Slot, SlotState
 
 __all__ = ["SHRINK", "Ring", "Slot", "SlotState"]
-
-SHRINK = 4  # take renews a free slot over this many times the bytes its task asks (engine/slot_size.py)
 
 
 class Ring(SlotGrowth, SlotReclaim):
@@ -192,10 +190,7 @@ class Ring(SlotGrowth, SlotReclaim):
         self._check(slot, owner, "lease", SlotState.FILLED)
         slot.state, slot.owner = SlotState.LEASED, None
         slot.lease_serial += 1
-        size = slot.size_bytes
-        kind = self._buffer_types.get(size)
-        if kind is None:
-            kind = self._buffer_types[size] = ctypes.c_char * size
+        kind = self._buffer_types.get(slot.size_bytes) or self._buffer_type(slot.size_bytes)
         mark = fork_mark()  # before the buffer exists: a fork from now on is one the batch may be in
         buf = kind.from_buffer(slot.segment.buf)
         lease = Lease(buf, lease_died)
@@ -204,6 +199,14 @@ class Ring(SlotGrowth, SlotReclaim):
         LIVE[id(lease)] = self._leases[slot.id] = lease
         self._untrimmed[slot.id] = slot
         return buf
+
+    def _buffer_type(self, size: int) -> type[ctypes.Array]:
+        """``c_char * size``, kept for the next lease; sizes that slots no longer have are forgotten
+        (the whole cache, once it outgrows twice the ring: sizes move with the batches, up and down)."""
+        if len(self._buffer_types) >= 2 * len(self.slots) + 8:
+            self._buffer_types.clear()
+        kind = self._buffer_types[size] = ctypes.c_char * size
+        return kind
 
     def free(self, slot: Slot, owner: Hashable) -> None:
         """Return ``owner``'s slot, which no view references (failed, stale or empty task), to the ring."""
@@ -343,23 +346,6 @@ class Ring(SlotGrowth, SlotReclaim):
                 _discard(segment)
             raise
         return segment
-
-    def _renew(self, slot: Slot, min_bytes: int) -> None:
-        """Give a spent slot a fresh segment, as large as its last one at least, unless that one was
-        over ``SHRINK`` x ``min_bytes``: then of ``min_bytes``."""
-        size = slot.size_bytes
-        slot.segment = self._new_segment(min_bytes if size > SHRINK * min_bytes else max(min_bytes, size))
-        slot.spent = False
-        self._spent.discard(slot.id)
-
-    def _shrink(self, slot: Slot, min_bytes: int, owner: Hashable) -> None:
-        """Give a taken slot over ``SHRINK`` x ``min_bytes`` a segment of ``min_bytes`` (the old one
-        retired, through the pin backend's hooks in a pinned ring); with no room for it in the
-        directory the slot keeps its segment, which is large enough."""
-        try:
-            self.resize(slot, min_bytes, owner)
-        except ShmSpaceError:
-            pass
 
     def _created(self, segment: Segment) -> None:
         """Show a fully reserved segment to the pin backend (if that fails, the caller discards it)."""

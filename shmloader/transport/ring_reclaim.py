@@ -24,15 +24,25 @@ of the shm directory that nothing needs. Promises:
   is retired once (``close()`` and ``shrink_to`` skip it); a stale release of a slot id finds the
   slot's serial changed and does nothing. A ring with ``whole_slots`` 0 (not set) keeps every segment
   until ``shrink_to`` or ``close()``.
+- ``take`` renews a free slot over ``SHRINK`` x what its task asks, or a spent one whose last
+  segment was, at the ask (``_shrink``, ``_renew``): the iterator lowers the ask once the recent
+  batches are all well below it (``engine/slot_size.py``), so an outlier's large slots go too.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from typing import Protocol
+
+from shmloader.errors import ShmSpaceError
 
 from shmloader.transport.segment import Segment
 from shmloader.transport.slot import Slot, SlotState
+
+__all__ = ["SHRINK", "SlotReclaim"]
+
+SHRINK = 4  # take renews a free slot over this many times the bytes its task asks (engine/slot_size.py)
 
 
 class _Ring(Protocol):
@@ -56,6 +66,10 @@ class _Ring(Protocol):
     def _spare_free(self) -> bool: ...
 
     def _hand_down(self, segment: Segment) -> None: ...
+
+    def _new_segment(self, min_bytes: int, reserve: bool = True) -> Segment: ...
+
+    def resize(self, slot: Slot, min_bytes: int, owner: Hashable) -> None: ...
 
 
 class SlotReclaim:
@@ -116,3 +130,20 @@ class SlotReclaim:
         slot = self.slots[lowest]  # free: only free slots are spent
         slot.segment, slot.spent = segment, False  # no call in between: a Ctrl-C cannot split them
         self._spent.discard(lowest)
+
+    def _renew(self: _Ring, slot: Slot, min_bytes: int) -> None:
+        """Give a spent slot a fresh segment, as large as its last one at least, unless that one was
+        over ``SHRINK`` x ``min_bytes``: then of ``min_bytes``."""
+        size = slot.size_bytes
+        slot.segment = self._new_segment(min_bytes if size > SHRINK * min_bytes else max(min_bytes, size))
+        slot.spent = False
+        self._spent.discard(slot.id)
+
+    def _shrink(self: _Ring, slot: Slot, min_bytes: int, owner: Hashable) -> None:
+        """Give a taken slot over ``SHRINK`` x ``min_bytes`` a segment of ``min_bytes`` (the old one
+        retired, through the pin backend's hooks in a pinned ring); with no room for it in the
+        directory the slot keeps its segment, which is large enough."""
+        try:
+            self.resize(slot, min_bytes, owner)
+        except ShmSpaceError:
+            pass
