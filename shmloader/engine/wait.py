@@ -363,7 +363,8 @@ class WaitAndRecover:
         """A worker died: note the error it becomes (raised at the next wait), or replace it."""
         w.join(1.0)
         exitcode = w.process.exitcode
-        tasks = self._tasks_of(w)
+        kept = self._kept_by(w)
+        tasks = {**self._tasks_of(w), **{rec.task: rec.indices for rec in kept}}
         self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
         starting = not w.ready
         head: Key | None = None
@@ -374,14 +375,20 @@ class WaitAndRecover:
         self._restarts += 1
         fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
                                                                          starting=starting, exitcode=exitcode)
-        # an iterable worker whose share had ended holds no position in the stream: replaceable
-        lost_position = self._iterable and not w.exhausted
+        # an iterable worker whose share had ended holds no position in the stream: replaceable,
+        # unless it kept a batch for a slot still growing (its successor's stream starts afresh)
+        lost_position = self._iterable and (not w.exhausted or bool(kept))
         self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
                                          start_method=self._plan.context.get_start_method())
         if self._fault is None:
             self._restart(w)
+
+    def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
+        """This epoch's tasks of ``w`` waiting for their slot to grow: ``w`` keeps each one's batch
+        for the retry (worker.main ``_remember``), so its death loses those samples of a stream."""
+        return [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
 
     def _restart(self, w: WorkerHandle) -> None:
         """Start a successor under the same id and re-send, in order, every task the dead one held."""
