@@ -311,10 +311,14 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 exc, worker_id=rec.worker_id, pid=self._worker_pid(rec.worker_id), task=rec.task,
                 indices=rec.indices)) from exc
         del buf  # the views alone keep the slot now; none at all frees it
+        try:  # pinning's copy, before the batch counts as handed out: an interrupt there leaves it undelivered
+            batch = self._plan.finish(batch)
+        except Exception as exc:  # the copy's own error: the batch's, raised in its place (as without workers)
+            raise self._batch_failed(rec.task, exc)
         self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
                            time.monotonic() - self._started, len(self._reorder), len(self._ledger),
                            len(self._ring.slots))
-        return self._plan.finish(batch)
+        return batch
 
     def _worker_pid(self, worker_id: int) -> int | None:
         return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None
