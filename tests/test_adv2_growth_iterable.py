@@ -9,8 +9,6 @@ samples again in place of the kept batch (a batch lost, another repeated).
 
 from __future__ import annotations
 
-import select
-import signal
 import time
 from typing import Any
 
@@ -18,16 +16,11 @@ import numpy as np
 import pytest
 
 import adv2_datasets as ad
+from adv2_helpers import kill_and_wait
 from shmloader import DataLoader, WorkerDied
 from shmloader.engine.wait import WaitAndRecover
 
 BIG = 3_000_000  # float64 values: 24 MB, a slot that grows in several parts
-
-
-def exit_within(fd: int, deadline_s: float) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(int(deadline_s * 1000)))
 
 
 @pytest.mark.timeout(30)
@@ -46,14 +39,12 @@ def test_an_ended_worker_that_dies_holding_a_batch_to_retry_is_not_replaced_as_i
                 if w.results.poll(0.05):
                     self._drain(w)
             assert w.exhausted, "worker 0 never said its share had ended"
-            killed.append(w.pid)
-            w.signal(signal.SIGKILL)
-            assert exit_within(w.exit_fd, 10), "worker 0 did not die"
+            killed.append(kill_and_wait(w))
         original(self)
 
     monkeypatch.setattr(WaitAndRecover, "_grow", kill_its_worker_first)
-    loader: DataLoader[Any] = DataLoader(ad.BigThenEnds(12, BIG), batch_size=1, num_workers=2, prefetch_factor=3, slot_bytes=4096,
-                        on_worker_death="restart", in_order=in_order)
+    loader: DataLoader[Any] = DataLoader(ad.BigThenEnds(12, BIG), batch_size=1, num_workers=2, prefetch_factor=3,
+                                         slot_bytes=4096, on_worker_death="restart", in_order=in_order)
     got: list[float] = []
     with pytest.raises(WorkerDied, match="IterableDataset") as err:
         for b in loader:

@@ -140,11 +140,12 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         # slots the user held last epoch and has let go of since are unlinked, not kept forever
         self._ring.shrink_to(ring_slots(self._num_workers, self._prefetch))
         self._flush_detach()
+        self._begin_epoch()
+        self._replace_dead_between_epochs()  # before the epoch begins for any worker: they held none of it
         if self._iterable:
             self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
             for w in self._pool.workers:
                 w.exhausted = False
-        self._begin_epoch()
         try:
             self._dispatch(spare_only=True)
         except BaseException:
