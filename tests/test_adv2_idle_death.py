@@ -81,3 +81,24 @@ def test_a_map_style_worker_dead_between_epochs_costs_no_task_an_attempt(tmp_pat
         got = firsts(loader)
         assert sorted(got) == list(range(N)) and (got == sorted(got) or not in_order)
         assert loader.stats()["worker_restarts"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_successor_that_cannot_start_as_the_epoch_begins_stops_that_iterator_only(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A fork refused while the dead worker is replaced: that ``iter()`` raises, its iterator goes
+    (nothing of it left running), and the next ``iter(loader)`` starts afresh."""
+    from shmloader.engine.workers import WorkerPool
+
+    loader: DataLoader[Any] = DataLoader(ad.ArmedFaults(N, str(tmp_path), {}), batch_size=2, num_workers=2,
+                                         persistent_workers=True, on_worker_death="restart")
+    with loader:
+        it = mp_iter(iter(loader))
+        assert firsts(it) == list(range(N))
+        kill_and_wait(it._pool.workers[1])
+        with monkeypatch.context() as m:
+            m.setattr(WorkerPool, "replace", lambda self, worker_id: (_ for _ in ()).throw(BlockingIOError(11, "no")))
+            with pytest.raises(BlockingIOError):
+                iter(loader)
+        assert it.closed and not it._pool.workers
+        assert firsts(loader) == list(range(N))

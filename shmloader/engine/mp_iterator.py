@@ -141,17 +141,17 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._ring.shrink_to(ring_slots(self._num_workers, self._prefetch))
         self._flush_detach()
         self._begin_epoch()
-        self._replace_dead_between_epochs()  # before the epoch begins for any worker: they held none of it
-        if self._iterable:
-            self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
-            for w in self._pool.workers:
-                w.exhausted = False
         try:
+            self._replace_dead_between_epochs()  # before the epoch begins for any worker: they held none of it
+            if self._iterable:
+                self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
+                for w in self._pool.workers:
+                    w.exhausted = False
             self._dispatch(spare_only=True)
         except BaseException:
-            # the sampler (or a Ctrl-C) stopped the epoch as its first tasks went out; the epoch book
-            # forgets that epoch (EpochBook.starting), so the next one has its number and these tasks
-            # would answer for its own: the iterator goes, as a failed first iter() does
+            # a successor that could not start, the sampler or a Ctrl-C stopped the epoch as it began;
+            # the epoch book forgets that epoch (EpochBook.starting), so the next one has its number and
+            # tasks sent would answer for its own: the iterator goes, as a failed first iter() does
             self._close_owned()
             raise
 
