@@ -142,17 +142,18 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         # slots the user held last epoch and has let go of since are unlinked, not kept forever
         self._ring.shrink_to(ring_slots(self._num_workers, self._prefetch))
         self._flush_detach()
-        if self._iterable:
-            self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
-            for w in self._pool.workers:
-                w.exhausted = False
         self._begin_epoch()
         try:
+            self._replace_dead_between_epochs()  # before the epoch begins for any worker: they held none of it
+            if self._iterable:
+                self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
+                for w in self._pool.workers:
+                    w.exhausted = False
             self._dispatch(spare_only=True)
         except BaseException:
-            # the sampler (or a Ctrl-C) stopped the epoch as its first tasks went out; the epoch book
-            # forgets that epoch (EpochBook.starting), so the next one has its number and these tasks
-            # would answer for its own: the iterator goes, as a failed first iter() does
+            # a successor that could not start, the sampler or a Ctrl-C stopped the epoch as it began;
+            # the epoch book forgets that epoch (EpochBook.starting), so the next one has its number and
+            # tasks sent would answer for its own: the iterator goes, as a failed first iter() does
             self._close_owned()
             raise
 
@@ -313,10 +314,14 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 exc, worker_id=rec.worker_id, pid=self._worker_pid(rec.worker_id), task=rec.task,
                 indices=rec.indices)) from exc
         del buf  # the views alone keep the slot now; none at all frees it
+        try:  # pinning's copy, before the batch counts as handed out: an interrupt there leaves it undelivered
+            batch = self._plan.finish(batch)
+        except Exception as exc:  # the copy's own error: the batch's, raised in its place (as without workers)
+            raise self._batch_failed(rec.task, exc)
         self._report_batch(rec.task, rec.worker_id, msg.nbytes, msg.fetch_s, msg.collate_s,
                            time.monotonic() - self._started, len(self._reorder), len(self._ledger),
                            len(self._ring.slots))
-        return self._plan.finish(batch)
+        return batch
 
     def _worker_pid(self, worker_id: int) -> int | None:
         return self._pool.workers[worker_id].pid if worker_id < len(self._pool.workers) else None

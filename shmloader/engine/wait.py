@@ -10,8 +10,8 @@ each reply is processed exactly once, and its slot moves only through the ledger
 turned by ``faults`` into an error or into a replacement worker that gets the dead one's tasks
 again, each task delivered once.
 
-The named steps: ``wait`` → ``process`` (one reply) → ``on_death`` (decide) → ``restart`` or the
-fault raised at the next wait; ``on_quiet`` when the wait times out (``kill_hung`` or torch's
+The named steps: ``wait`` → ``process`` (one reply) → ``on_death`` (decide: ``engine.deaths``) →
+``restart`` or the fault raised at the next wait; ``on_quiet`` when the wait times out (``kill_hung`` or torch's
 timeout error); ``regrow`` (a ``TooSmall`` reply: the slot starts growing, ``engine.growth``) and
 ``grow`` (run instead of blocking while slots grow: their bytes reserved a part at a time, each
 task sent again once its slot is whole, stopping as soon as a reply waits).
@@ -28,12 +28,12 @@ from typing import Any
 
 from shmloader.engine import faults
 from shmloader.engine.caller import Caller
+from shmloader.engine.deaths import RecoverDeaths
 from shmloader.engine.growth import Growths
-from shmloader.engine.ledger import Key, Ledger, TaskRecord
+from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.reaping import join_killed
 from shmloader.engine.slot_size import SlotSize
 from shmloader.engine.workers import WorkerHandle
-from shmloader.errors import describe_exit
 from shmloader.kept import keep
 from shmloader.log import logger
 from shmloader.state import EpochRecord
@@ -44,7 +44,7 @@ from shmloader.transport.preflight import CONSUMER_SLOTS
 _MAX_POLL_MS = 2**31 - 1
 
 
-class WaitAndRecover:
+class WaitAndRecover(RecoverDeaths):
     """Step 3 of ``MultiProcessIter``: wait, process replies, handle deaths and hangs."""
 
     # state and steps of MultiProcessIter that this mixin reads and calls
@@ -60,7 +60,6 @@ class WaitAndRecover:
     _epoch: int
     _record: EpochRecord  # the epoch's record (BaseIter): which tasks are done
     _iterable: bool
-    _restarts: int
     _slot_size: SlotSize
     _sampler_done: bool
     _fail: Callable[[BaseException], BaseException]
@@ -68,9 +67,6 @@ class WaitAndRecover:
     _flush_detach: Callable[[], None]
     _capacity: Callable[[], int]
     _worker_exception: Callable[[Failed, int, TaskRecord | None], BaseException]
-    _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
-    _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
-    _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
 
     # -- 3. wait and process -------------------------------------------------------------------
     # A death the policy turns into an error is raised at the next wait, so batches that were
@@ -354,47 +350,3 @@ class WaitAndRecover:
                                          starting=not w.ready, iterable=self._iterable,
                                          abandoned=key[0] != self._epoch))
         self._on_death(w, cause=f"hung for more than {limit_s} s and was killed")
-
-    def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
-        """Task number → sample indices of this epoch's tasks held by ``w`` (None: by every worker)."""
-        return {rec.task: rec.indices for rec in self._ledger.records(None if w is None else w.outstanding)
-                if rec.epoch == self._epoch}
-
-    def _on_death(self, w: WorkerHandle, cause: str | None) -> None:
-        """A worker died: note the error it becomes (raised at the next wait), or replace it."""
-        w.join(1.0)
-        exitcode = w.process.exitcode
-        tasks = self._tasks_of(w)
-        self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
-        starting = not w.ready
-        head: Key | None = None
-        if not starting and w.outstanding and w.outstanding[0][0] == self._epoch:
-            head = w.outstanding[0]
-        self._streak = faults.after_death(self._streak, head, f"worker {w.id} (pid {w.pid}) "
-                                          f"{cause or f'died with {describe_exit(exitcode)}'}")
-        self._restarts += 1
-        fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
-                                                                         starting=starting, exitcode=exitcode)
-        # an iterable worker whose share had ended holds no position in the stream: replaceable
-        lost_position = self._iterable and not w.exhausted
-        self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
-                                         starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
-                                         shm_dir=self._ring.shm_dir, start_failures=fails,
-                                         start_method=self._plan.context.get_start_method())
-        if self._fault is None:
-            self._restart(w)
-
-    def _restart(self, w: WorkerHandle) -> None:
-        """Start a successor under the same id and re-send, in order, every task the dead one held."""
-        keys = list(w.outstanding)
-        new = self._pool.replace(w.id)
-        new.exhausted = w.exhausted  # an iterable worker's ended share stays ended until the next epoch
-        for rec in self._ledger.records(keys):
-            if rec.epoch != self._epoch:
-                self._ledger.release(rec)  # an abandoned epoch's task: not worth running again
-            elif new.exhausted:  # what its reply would have been: Exhausted (worker.fetch)
-                self._ledger.release(rec)
-                self._ran_out(rec.task)
-            else:
-                self._send(new, rec)
-        self._observe(self._plan.events.worker_restarted, new.id, new.pid, w.pid)  # its tasks are sent first

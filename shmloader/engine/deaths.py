@@ -1,0 +1,109 @@
+"""Deaths of workers: what each becomes, and replacing the dead. Part of step 3 of the
+multi-process iterator.
+
+Owns nothing of its own: a mixin of ``MultiProcessIter`` (through ``engine.wait.WaitAndRecover``),
+which holds the pool, the ledger, the growing slots and the epoch's record it reads and changes.
+Runs in the main process. Promises: a death is turned by ``faults`` into an error (kept in
+``_fault``, raised at the next wait, so batches complete before it come first) or into a
+successor under the same id that gets, in order, every task of this epoch the dead one held; a
+task of an abandoned epoch is let go, never run again. An iterable dataset's worker is replaced
+only where it held no position in its stream: its share had ended and it kept no batch for a
+growing slot, or the death came before the epoch began for it (``_replace_dead_between_epochs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shmloader.engine import faults
+from shmloader.engine.growth import Growths
+from shmloader.engine.ledger import Key, Ledger, TaskRecord
+from shmloader.engine.workers import WorkerHandle
+from shmloader.errors import describe_exit
+from shmloader.state import EpochRecord
+
+
+class RecoverDeaths:
+    """Deaths seen by ``WaitAndRecover``'s wait, and those seen as a persistent epoch starts."""
+
+    # state and steps of MultiProcessIter that this mixin reads and calls
+    _pool: Any
+    _ring: Any
+    _ledger: Ledger
+    _growths: Growths
+    _plan: Any
+    _policy: faults.FaultPolicy
+    _epoch: int
+    _record: EpochRecord
+    _iterable: bool
+    _restarts: int
+    _fault: BaseException | None  # a death's error, raised at the next wait (WaitAndRecover._wait)
+    _send: Callable[[WorkerHandle, TaskRecord], None]
+    _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
+    _drain: Callable[[WorkerHandle], bool]
+    _ran_out: Callable[[int], None]
+    _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
+    _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
+
+    def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
+        """Task number → sample indices of this epoch's tasks held by ``w`` (None: by every worker)."""
+        return {rec.task: rec.indices for rec in self._ledger.records(None if w is None else w.outstanding)
+                if rec.epoch == self._epoch}
+
+    def _replace_dead_between_epochs(self) -> None:
+        """Persistent workers that died since the last wait (killed while the trainer validated,
+        say), seen as a new epoch starts, before it is sent to any worker: it had not begun for
+        them, so the death costs no task an attempt and an iterable worker no position in its
+        stream. Replaced, or (policy ``raise``) the error raised at the epoch's first wait."""
+        for w in list(self._pool.workers):
+            if self._fault is None and not w.running:
+                self._drain(w)  # the abandoned epoch's replies: dropped as stale
+                self._on_death(w, cause=None, before_epoch=True)
+
+    def _on_death(self, w: WorkerHandle, cause: str | None, before_epoch: bool = False) -> None:
+        """A worker died: note the error it becomes (raised at the next wait), or replace it.
+        ``before_epoch``: it died before the current epoch began for it (``_replace_dead_between_epochs``)."""
+        w.join(1.0)
+        exitcode = w.process.exitcode
+        kept = self._kept_by(w)
+        tasks = {**self._tasks_of(w), **{rec.task: rec.indices for rec in kept}}
+        self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
+        starting = not w.ready
+        head: Key | None = None
+        if not starting and w.outstanding and w.outstanding[0][0] == self._epoch:
+            head = w.outstanding[0]
+        self._streak = faults.after_death(self._streak, head, f"worker {w.id} (pid {w.pid}) "
+                                          f"{cause or f'died with {describe_exit(exitcode)}'}")
+        self._restarts += 1
+        fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
+                                                                         starting=starting, exitcode=exitcode)
+        # an iterable worker whose share had ended holds no position in the stream: replaceable,
+        # unless it kept a batch for a slot still growing (its successor's stream starts afresh)
+        lost_position = self._iterable and not before_epoch and (not w.exhausted or bool(kept))
+        self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
+                                         starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
+                                         shm_dir=self._ring.shm_dir, start_failures=fails,
+                                         start_method=self._plan.context.get_start_method())
+        if self._fault is None:
+            self._restart(w)
+
+    def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
+        """This epoch's tasks of ``w`` waiting for their slot to grow: ``w`` keeps each one's batch
+        for the retry (worker.main ``_remember``), so its death loses those samples of a stream."""
+        return [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
+
+    def _restart(self, w: WorkerHandle) -> None:
+        """Start a successor under the same id and re-send, in order, every task the dead one held."""
+        keys = list(w.outstanding)
+        new = self._pool.replace(w.id)
+        new.exhausted = w.exhausted  # an iterable worker's ended share stays ended until the next epoch
+        for rec in self._ledger.records(keys):
+            if rec.epoch != self._epoch:
+                self._ledger.release(rec)  # an abandoned epoch's task: not worth running again
+            elif new.exhausted:  # what its reply would have been: Exhausted (worker.fetch)
+                self._ledger.release(rec)
+                self._ran_out(rec.task)
+            else:
+                self._send(new, rec)
+        self._observe(self._plan.events.worker_restarted, new.id, new.pid, w.pid)  # its tasks are sent first
