@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from shmloader.caches import remember
 from shmloader.collate import rules as _rules
 from shmloader.collate import torch_map as _torch_map
 from shmloader.collate import torch_rules as _torch_rules
@@ -138,8 +139,7 @@ def find_rule(tp: type, rules: Mapping[Any, CollateRule] | None, to_torch: bool)
     rule = _lookup(_registry, tp) if _registry else None
     if rule is None:
         rule = builtin_rule_for(tp, to_torch)
-    cache[tp] = rule
-    return rule
+    return remember(cache, tp, rule)
 
 
 def _passed_rule(tp: type, rules: Mapping[Any, CollateRule]) -> CollateRule | None:
@@ -152,8 +152,7 @@ def _passed_rule(tp: type, rules: Mapping[Any, CollateRule]) -> CollateRule | No
     try:
         return found[tp]
     except KeyError:
-        rule = found[tp] = _lookup(rules, tp)
-        return rule
+        return remember(found, tp, _lookup(rules, tp))
 
 
 def find_custom_rule(tp: type, rules: Mapping[Any, CollateRule] | None) -> CollateRule | None:

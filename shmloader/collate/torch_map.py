@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from shmloader.caches import remember
 from shmloader.collate.context import CollateContext, CollateRule, FindRule
 from shmloader.collate.rules import check_array_dtype
 
@@ -117,8 +118,7 @@ class TorchMapRules:
             pass
         key, fn = self._dispatch(tp)
         rule = None if fn is None or self._stock.get(key) is fn else _user_rule(fn, self._map)
-        self._rules[tp] = rule
-        return rule
+        return remember(self._rules, tp, rule)
 
     def _dispatch(self, tp: type) -> tuple[Any, Callable[..., Any] | None]:
         """torch's ``collate``: the exact type, then the first key it is an instance of."""
@@ -142,8 +142,7 @@ class TorchMapRules:
             rule = _arrays_as_tensors
         else:  # a key's first type has the key's rule: (np.bool_, np.number, np.object_) -> np.bool_
             rule = lookups.builtin(key if isinstance(key, type) else key[0], True)
-        self._builtins[tp] = rule
-        return rule
+        return remember(self._builtins, tp, rule)
 
     def finder(self, lookups: Lookups) -> FindRule:
         """A rule lookup that asks this map first and ``lookups`` for every other type."""

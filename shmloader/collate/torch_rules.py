@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shmloader.caches import remember
 from shmloader.collate.context import Alloc, CollateContext
 from shmloader.collate.rules import (
     _PY_NUMBERS,
@@ -77,7 +78,7 @@ _OUT_GRAD_MESSAGE = (
     "but one of the arguments requires grad."
 )
 
-# dtype bridges, filled on first use of each dtype: None means "no counterpart".
+# dtype bridges, filled on first use of each dtype (bounded caches): None means "no counterpart".
 _numpy_of: dict[Any, np.dtype | None] = {}
 _torch_of: dict[np.dtype, Any] = {}
 _scalar_ok: dict[type, bool] = {}
@@ -99,7 +100,7 @@ def numpy_dtype_of(dtype: Any) -> np.dtype | None:
         found: np.dtype | None = _torch().empty(0, dtype=dtype).numpy().dtype
     except (TypeError, RuntimeError):
         found = None
-    _numpy_of[dtype] = found
+    remember(_numpy_of, dtype, found)
     return found
 
 
@@ -113,7 +114,7 @@ def torch_dtype_of(dtype: np.dtype) -> Any:
         found = _torch().from_numpy(np.empty(0, dtype)).dtype
     except (TypeError, ValueError):  # unsupported type, or non-native byte order
         found = None
-    _torch_of[dtype] = found
+    remember(_torch_of, dtype, found)
     return found
 
 
@@ -323,14 +324,15 @@ def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
 def _scalar_type_ok(elem: Any) -> bool:
     """Whether numpy gives the dtype torch.as_tensor infers for a list of this scalar type."""
     tp = type(elem)
-    if tp not in _scalar_ok:
+    ok = _scalar_ok.get(tp)
+    if ok is None:
         try:
             expected = _torch().as_tensor([elem]).dtype
         except (TypeError, ValueError, RuntimeError):  # e.g. uint64: torch raises; replay it
             expected = None
         made = torch_dtype_of(np.asarray([elem]).dtype)
-        _scalar_ok[tp] = expected is not None and made == expected
-    return _scalar_ok[tp]
+        ok = remember(_scalar_ok, tp, expected is not None and made == expected)
+    return ok
 
 
 def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:

@@ -13,9 +13,11 @@ from collections import UserDict, UserList
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from shmloader.caches import remember
+
 __all__ = ["iter_leaves", "map_batch"]
 
-_ROLES: dict[type, str] = {}  # a type's role in a nested batch, decided once per type
+_ROLES: dict[type, str] = {}  # a type's role in a nested batch, decided once per type (a bounded cache)
 # Containers whose copy.copy() owns its storage: copied and updated, they keep their type and state.
 _COPIED_MAPPINGS, _COPIED_SEQUENCES = (dict, UserDict), (list, UserList)
 
@@ -35,7 +37,7 @@ def _role(kind: type) -> str:
             role = "copied sequence" if issubclass(kind, _COPIED_SEQUENCES) else "sequence"
         else:
             role = "leaf"
-        _ROLES[kind] = role
+        remember(_ROLES, kind, role)
     return role
 
 
