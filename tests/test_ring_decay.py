@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from shmloader.caches import CACHE_LIMIT
 from shmloader.engine.slot_size import GROWTH, WINDOW_RINGS, SlotSize
 from shmloader.errors import ShmSpaceError
 from shmloader.transport.ring import SHRINK, Ring, Slot, SlotState
@@ -159,15 +160,15 @@ def test_slot_size_stays_for_sizes_within_a_band_and_follows_a_lasting_drop() ->
 
 
 def test_the_buffer_types_of_sizes_no_slot_has_any_more_are_not_kept_for_ever(tmp_path: Any) -> None:
-    """A ring whose one slot is leased at 200 different sizes over its life (a loader whose batch
+    """A ring whose one slot is leased at more sizes than a cache keeps over its life (a loader whose batch
     sizes keep moving up and down) keeps a ctypes buffer type for a bounded number of sizes."""
     ring = Ring(str(tmp_path))
     try:
         slot = ring.grow(PAGE, (0, 0))
-        for task in range(200):
+        for task in range(2 * CACHE_LIMIT + 10):
             owner = (0, task)
             if task:
-                taken = ring.take((task % 100 + 1) * PAGE * (SHRINK + 1) if task % 2 else PAGE, owner)
+                taken = ring.take((task + 1) * PAGE * (SHRINK + 1) if task % 2 else PAGE, owner)
                 assert taken is slot
             ring.fill(slot, owner, PAGE)
             buf = ring.lease(slot, owner)
@@ -175,6 +176,6 @@ def test_the_buffer_types_of_sizes_no_slot_has_any_more_are_not_kept_for_ever(tm
             del buf
             gc.collect()
             ring.collect_released()
-        assert len(ring._buffer_types) <= 2 * len(ring.slots) + 8
+        assert len(ring._buffer_types) <= CACHE_LIMIT
     finally:
         ring.close()

@@ -63,6 +63,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
+from shmloader.caches import remember
 from shmloader.errors import RingExhausted, ShmSpaceError, SlotOwnershipError
 from shmloader.owner import ProcessOwner, fork_mark
 from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
@@ -106,7 +107,7 @@ class Ring(SlotGrowth, SlotReclaim):
         self._leases: dict[int, Lease] = {}  # slot id -> its latest lease's finalizer
         self._untrimmed: dict[int, Slot] = {}  # leased slots not trimmed yet (_trim_held), by id
         self.whole_slots = 0  # the ring grows to this many slots before it trims held ones
-        self._buffer_types: dict[int, type[ctypes.Array]] = {}  # size -> ctypes.c_char * size
+        self._buffer_types: dict[int, type[ctypes.Array]] = {}  # size -> ctypes.c_char * size (caches.remember)
         self._lingering: dict[int, Segment] = {}  # unlinked at close, retired when the lease dies
 
     # -- counts --------------------------------------------------------------------------
@@ -190,7 +191,8 @@ class Ring(SlotGrowth, SlotReclaim):
         self._check(slot, owner, "lease", SlotState.FILLED)
         slot.state, slot.owner = SlotState.LEASED, None
         slot.lease_serial += 1
-        kind = self._buffer_types.get(slot.size_bytes) or self._buffer_type(slot.size_bytes)
+        size = slot.size_bytes
+        kind = self._buffer_types.get(size) or remember(self._buffer_types, size, ctypes.c_char * size)
         mark = fork_mark()  # before the buffer exists: a fork from now on is one the batch may be in
         buf = kind.from_buffer(slot.segment.buf)
         lease = Lease(buf, lease_died)
@@ -199,14 +201,6 @@ class Ring(SlotGrowth, SlotReclaim):
         LIVE[id(lease)] = self._leases[slot.id] = lease
         self._untrimmed[slot.id] = slot
         return buf
-
-    def _buffer_type(self, size: int) -> type[ctypes.Array]:
-        """``c_char * size``, kept for the next lease; sizes that slots no longer have are forgotten
-        (the whole cache, once it outgrows twice the ring: sizes move with the batches, up and down)."""
-        if len(self._buffer_types) >= 2 * len(self.slots) + 8:
-            self._buffer_types.clear()
-        kind = self._buffer_types[size] = ctypes.c_char * size
-        return kind
 
     def free(self, slot: Slot, owner: Hashable) -> None:
         """Return ``owner``'s slot, which no view references (failed, stale or empty task), to the ring."""
