@@ -3,7 +3,7 @@
 The main process stops a worker by setting its stop flag and then writing ``None`` to its task
 pipe; when the pipe is full that ``None`` never gets there. The worker reads the flag before each
 message, and also each time its task pipe has been quiet for ``PARENT_CHECK_S``
-(``worker.main._Worker.loop``): so a worker waiting for a task, which no message will wake, still
+(``worker.main.serve``): so a worker waiting for a task, which no message will wake, still
 sees the flag and exits. Here the flag is set on an idle persistent worker and nothing is written:
 the worker must exit by itself (exit code 0, no signal) within a bound.
 """

@@ -8,7 +8,9 @@ Runs in the main process. Promises: a death is turned by ``faults`` into an erro
 successor under the same id that gets, in order, every task of this epoch the dead one held; a
 task of an abandoned epoch is let go, never run again. An iterable dataset's worker is replaced
 only where it held no position in its stream: its share had ended and it kept no batch for a
-growing slot, or the death came before the epoch began for it (``_replace_dead_between_epochs``).
+growing slot, or the death came before the epoch began for it: before it was sent the epoch's
+``Reset`` (``_replace_dead_between_epochs``), before it acknowledged it (``ResetDone``: its
+successor is sent the same ``Reset``, then its tasks), or while it was still starting.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
 from shmloader.state import EpochRecord
+from shmloader.transport.messages import Reset
 
 
 class RecoverDeaths:
@@ -45,6 +48,9 @@ class RecoverDeaths:
     _ran_out: Callable[[int], None]
     _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
     _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
+    # ids of the workers sent this epoch's Reset that have not acknowledged it (ResetDone): each has
+    # read nothing of the epoch's stream yet (set by MultiProcessIter as it broadcasts the Reset)
+    _unbegun: set[int]
 
     def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
         """Task number → sample indices of this epoch's tasks held by ``w`` (None: by every worker)."""
@@ -79,8 +85,10 @@ class RecoverDeaths:
         fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
                                                                          starting=starting, exitcode=exitcode)
         # an iterable worker whose share had ended holds no position in the stream: replaceable,
-        # unless it kept a batch for a slot still growing (its successor's stream starts afresh)
-        lost_position = self._iterable and not before_epoch and (not w.exhausted or bool(kept))
+        # unless it kept a batch for a slot still growing (its successor's stream starts afresh);
+        # nor does one that had read nothing of this epoch: its successor reads its share from the start
+        unbegun = before_epoch or starting or w.id in self._unbegun
+        lost_position = self._iterable and not unbegun and (not w.exhausted or bool(kept))
         self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
@@ -94,10 +102,16 @@ class RecoverDeaths:
         return [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
 
     def _restart(self, w: WorkerHandle) -> None:
-        """Start a successor under the same id and re-send, in order, every task the dead one held."""
+        """Start a successor under the same id and re-send, in order, every task the dead one held
+        (first this epoch's ``Reset``, where the dead one had not acknowledged it)."""
         keys = list(w.outstanding)
         new = self._pool.replace(w.id)
         new.exhausted = w.exhausted  # an iterable worker's ended share stays ended until the next epoch
+        if w.id in self._unbegun:  # the successor begins the epoch as the others did: same reseed, then its tasks
+            try:
+                new.send(Reset(self._epoch, self._plan.reset_seed))
+            except OSError:
+                pass  # dead already: its sentinel reports it
         for rec in self._ledger.records(keys):
             if rec.epoch != self._epoch:
                 self._ledger.release(rec)  # an abandoned epoch's task: not worth running again

@@ -121,6 +121,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._reorder: Reorder[tuple[TaskRecord, Any]] = Reorder(self._plan.in_order)
         self._sampler_done = False
         self._restarts = 0
+        self._unbegun = set()  # before any Reset of the epoch: none (deaths.py)
         self._dispatcher.reset()
         self._state = IterState.RUNNING
 
@@ -147,6 +148,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
             self._replace_dead_between_epochs()  # before the epoch begins for any worker: they held none of it
             if self._iterable:
                 self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
+                self._unbegun = {w.id for w in self._pool.workers}  # until each one's ResetDone
                 for w in self._pool.workers:
                     w.exhausted = False
             self._dispatch(spare_only=True)
@@ -300,6 +302,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
 
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
         if isinstance(msg, Failed):
+            if msg.starting:  # the worker could not start: none of its tasks will be done, the iterator stops
+                raise self._worker_exception(msg, rec.worker_id, None)  # named as torch names it: no task
             raise self._batch_failed(rec.task, self._worker_exception(msg, rec.worker_id, rec))
         size = rec.slot.size_bytes if rec.slot is not None else 0
         buf = self._ledger.deliver(rec)

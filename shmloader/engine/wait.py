@@ -19,6 +19,7 @@ task sent again once its slot is whole, stopping as soon as a reply waits).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import select
 import signal
@@ -37,7 +38,7 @@ from shmloader.engine.workers import WorkerHandle
 from shmloader.kept import keep
 from shmloader.log import logger
 from shmloader.state import EpochRecord
-from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, TooSmall
+from shmloader.transport.messages import Exhausted, Failed, Filled, Ready, ResetDone, TooSmall
 from shmloader.transport.preflight import CONSUMER_SLOTS
 
 # poll() takes at most 2**31 - 1 ms (24.8 days); a longer timeout= waits again when this one ends
@@ -229,16 +230,20 @@ class WaitAndRecover(RecoverDeaths):
             w.ready = True
             w.head_since = time.monotonic()  # the first task's deadline starts now, not at dispatch
             return
-        if isinstance(msg, Failed) and msg.task is None:
-            # before Ready: start-up failed; after: the next task could not be unpickled, and
-            # replies come in task order, so that task is the oldest one the worker holds
-            head = self._ledger.get(w.outstanding[0]) if w.ready and w.outstanding else None
-            exc = self._worker_exception(msg, w.id, head)
-            if not w.ready:
-                raise self._fail(exc)
-            if self._fault is None:  # raised at the next wait: the batches finished before it come first
-                self._fault = keep(exc)
+        if isinstance(msg, ResetDone):
+            if msg.epoch == self._epoch:
+                self._unbegun.discard(w.id)  # it reads the epoch's stream from now on (deaths.py)
             return
+        if isinstance(msg, Failed) and msg.task is None:
+            # the next task could not be unpickled, and replies come in task order, so that task is
+            # the oldest one the worker holds
+            if msg.starting and w.outstanding:  # a worker that could not start: its answer to that task
+                msg = dataclasses.replace(msg, epoch=w.outstanding[0][0], task=w.outstanding[0][1])
+            else:
+                head = self._ledger.get(w.outstanding[0]) if w.outstanding else None
+                if self._fault is None:  # raised at the next wait: the batches finished before it come first
+                    self._fault = keep(self._worker_exception(msg, w.id, head))
+                return
         rec = self._ledger.get((msg.epoch, msg.task))
         if rec is None:
             return
@@ -254,7 +259,7 @@ class WaitAndRecover(RecoverDeaths):
         self._ledger.release(rec)  # failed, exhausted, or a reply of an abandoned epoch: no view is made
         if stale:
             return
-        if isinstance(msg, Failed):
+        if isinstance(msg, Failed):  # a start-up failure too: the worker's first task is where torch raises it
             self._reorder.put(rec.task, (rec, msg))  # raised when it is due, as torch raises it
         elif isinstance(msg, Exhausted):
             w.exhausted = True

@@ -6,8 +6,10 @@ an iterable dataset: restart the worker's iterator), ``Detach`` (unmap retired s
 
 worker → main: ``Ready`` (initialised), ``Filled`` (the batch is in the slot; here is its
 descriptor), ``TooSmall`` (the slot cannot hold the batch; this many bytes are needed), ``Failed``
-(user code raised; the exception travels as type + traceback text), ``Exhausted`` (an iterable
-dataset's worker ran out of data).
+(user code raised; the exception travels as type + traceback text; ``starting``: the worker's
+start-up failed, and this is its answer to every task), ``Exhausted`` (an iterable dataset's
+worker ran out of data), ``ResetDone`` (the worker restarted its iterator for that epoch and has
+read nothing of it yet: one per epoch, before any reply to the epoch's tasks).
 
 Every reply names the epoch and task it answers, so a reply from an abandoned epoch (a user who
 broke out of a loop with persistent workers) is recognised and its slot reclaimed.
@@ -97,10 +99,19 @@ class TooSmall:
 @dataclass(frozen=True, slots=True)
 class Failed:
     epoch: int
-    task: int | None  # None: worker start-up (unpickling, seeding, worker_init_fn) failed
+    task: int | None  # None: the task's frame did not unpickle in the worker (its oldest task)
     type_name: str
     exc_type: bytes | None  # the pickled exception type, when it pickles
     traceback: str
+    # the worker's start-up (unpickling, seeding, worker_init_fn) failed: its answer to each task it
+    # is sent (task None: one that did not unpickle there), as torch's worker answers its first index
+    starting: bool = False
+
+
+@_compact
+@dataclass(frozen=True, slots=True)
+class ResetDone:
+    epoch: int
 
 
 @_compact

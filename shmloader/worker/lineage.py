@@ -3,7 +3,7 @@
 Runs in each worker process. Owns the worker's identity (its id and pid, set once as it starts)
 and the watch on the main process. Promises: a worker exits when the main process is gone (at
 once with ``PR_SET_PDEATHSIG`` where the forking thread lasts as long as its process, else
-within ``PARENT_CHECK_S`` of waiting for a task, by ``main._Worker.loop``'s poll); Ctrl-C is the
+within ``PARENT_CHECK_S`` of waiting for a task, by ``main.serve``'s poll); Ctrl-C is the
 trainer's and SIGTERM stops the worker whatever handler it inherited; and a child that user code
 forks inside the worker and that comes back into the worker's code exits before it sends or reads
 anything (``leave_if_forked``), so only the worker answers for itself.
@@ -43,7 +43,7 @@ def own_signals() -> None:
 
 def watch_parent(main_pid: int, death_signal: bool) -> None:
     """Exit now if the main process is gone; with ``death_signal``, ask Linux to SIGKILL us the
-    moment our parent dies. The poll in ``main._Worker.loop`` watches the main process in every case.
+    moment our parent dies. The poll in ``main.serve`` watches the main process in every case.
 
     ``PR_SET_PDEATHSIG`` fires when the *thread* that forked us ends, not its process (prctl(2)):
     asked for by a worker started from any other thread, it killed the worker as soon as that

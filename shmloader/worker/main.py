@@ -9,6 +9,10 @@ samples). Promises:
   ``Exhausted``; a batch that did not fit is kept, so the retry in a larger slot neither fetches
   again nor advances an iterable dataset, and with the built-in collate it is collated once,
   straight into the larger slot (``too_small``);
+- a worker whose start-up failed answers each task with that failure, in its turn
+  (``worker.failed_start``), as torch's worker answers its first index with it;
+- a ``Reset`` is answered with ``ResetDone`` once the iterator is restarted, before any task of
+  the new epoch is read: a death before it loses no position in the stream (``serve``);
 - it never registers a segment with the resource tracker and never unlinks one;
 - only the worker's own process answers: a child that user code forks in it and that comes back
   into this code (no ``os._exit``) exits before it sends or reads anything (``lineage.leave_if_forked``;
@@ -51,12 +55,14 @@ from shmloader.transport.messages import (
     Filled,
     Ready,
     Reset,
+    ResetDone,
     SlotRef,
     Task,
     TooSmall,
 )
 from shmloader.transport.segment import Segment, prefault
 from shmloader.worker import lineage
+from shmloader.worker.failed_start import FailedStart
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 from shmloader.worker.lineage import PARENT_CHECK_S
 from shmloader.worker.stop import StopFlag
@@ -94,18 +100,51 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     the main process when it stops this worker; read before each message.
     """
     lineage.start(worker_id, parent_pid, death_signal)
+    worker: _Worker | FailedStart
     try:
         spec = _load_spec(spec_or_blob)
         apply_worker_log_setup(spec.log_setup)  # before worker_init_fn, which may configure its own
-        worker = _Worker(spec, worker_id, results)
-    except BaseException:
-        _send(results, _failure(0, None, sys.exc_info()))
-        return
-    _send(results, Ready(worker_id, os.getpid()))
+        worker = _Worker(spec, worker_id)
+    except BaseException:  # each task it is sent is answered with this, in its turn (as torch's worker)
+        worker = FailedStart(_failure(0, None, sys.exc_info(), starting=True))
+    else:
+        _send(results, Ready(worker_id, os.getpid()))
     try:
-        worker.loop(tasks, parent_pid, os.getppid(), stop.reader())
+        serve(worker, tasks, results, parent_pid, os.getppid(), stop.reader())
     finally:
         worker.detach_all()
+
+
+def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection, main_pid: int, ppid: int,
+          stopped: Callable[[bool], bool]) -> None:
+    """Serve the task pipe until told to stop: each task answered on ``results`` in turn, each
+    ``Reset`` acknowledged (``ResetDone``) once the worker's iterator is restarted, before any task
+    of that epoch is read. ``stopped(False)``: the stop flag, read before each message (some 50
+    ns): once set, whatever is queued is dropped unread."""
+    frames = _TaskFrames(tasks)
+    while True:
+        lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
+        frame = frames.next(PARENT_CHECK_S)
+        if frame is _QUIET:  # also a stop whose message the main process could not write (a full pipe)
+            if stopped(False) or os.getppid() != ppid or not lineage.alive(main_pid):
+                return
+            continue
+        if frame is None or stopped(False):  # the task pipe closed, or the main process stops us
+            return
+        try:
+            msg = wire.decode(frame)
+        except Exception:  # a task that does not unpickle here: report it, keep serving
+            _send(results, worker.undecodable(sys.exc_info()))
+            continue
+        if msg is None:
+            return
+        if isinstance(msg, Task):
+            _send(results, worker.handle(msg))
+        elif isinstance(msg, Detach):
+            worker.detach(msg.names)
+        elif isinstance(msg, Reset):
+            worker.reset(msg.epoch, msg.seed)
+            _send(results, ResetDone(msg.epoch))
 
 
 def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,
@@ -147,10 +186,10 @@ def _send(conn: Connection, msg: Any) -> None:
         os._exit(0)
 
 
-def _failure(epoch: int, task: int | None, exc_info: Any) -> Failed:
+def _failure(epoch: int, task: int | None, exc_info: Any, starting: bool = False) -> Failed:
     exc_type, exc, tb = exc_info
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    return Failed(epoch, task, exc_type.__name__, exc_types.dumps(exc_type), text)
+    return Failed(epoch, task, exc_type.__name__, exc_types.dumps(exc_type), text, starting)
 
 
 _QUIET: Any = object()  # no frame within the wait: time to check on the main process
@@ -180,10 +219,9 @@ class _TaskFrames:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, worker_id: int, results: Connection) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
         self.spec = spec
         self.id = worker_id
-        self.results = results
         self.segments: dict[str, tuple[Segment, np.ndarray]] = {}
         # (epoch, task) -> (data, batch, needed) of each task that answered TooSmall, kept until its
         # retry: at most the tasks this worker holds, and none of an epoch after a later one begins
@@ -207,33 +245,9 @@ class _Worker:
             spec.collate_rules = worker_collate_rules(spec.collate_rules)
         self.fetcher = make_fetcher(spec)
 
-    # -- main loop -------------------------------------------------------------------------
-    def loop(self, tasks: Connection, main_pid: int, ppid: int, stopped: Callable[[bool], bool]) -> None:
-        """Serve the task pipe until told to stop. ``stopped(False)``: the stop flag, read before
-        each message (some 50 ns): once set, whatever is queued is dropped unread."""
-        frames = _TaskFrames(tasks)
-        while True:
-            lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
-            frame = frames.next(PARENT_CHECK_S)
-            if frame is _QUIET:  # also a stop whose message the main process could not write (a full pipe)
-                if stopped(False) or os.getppid() != ppid or not lineage.alive(main_pid):
-                    return
-                continue
-            if frame is None or stopped(False):  # the task pipe closed, or the main process stops us
-                return
-            try:
-                msg = wire.decode(frame)
-            except Exception:  # a task that does not unpickle here: report it, keep serving
-                _send(self.results, _failure(self.epoch, None, sys.exc_info()))
-                continue
-            if msg is None:
-                return
-            if isinstance(msg, Task):
-                _send(self.results, self.handle(msg))
-            elif isinstance(msg, Detach):
-                self.detach(msg.names)
-            elif isinstance(msg, Reset):
-                self.reset(msg.epoch, msg.seed)
+    def undecodable(self, exc_info: Any) -> Failed:
+        """The answer to a task that did not unpickle here: the oldest task this worker holds."""
+        return _failure(self.epoch, None, exc_info)
 
     def reset(self, epoch: int, seed: int | None = None) -> None:
         """A persistent worker's next epoch. The dataset's error here (its ``__iter__``, a DataPipe's
