@@ -89,8 +89,10 @@ def _as_is(batch: Any) -> Any:
 
 
 def _finish(pin: pinning.PinState, num_workers: int, batch: Any) -> Any:
+    if num_workers == 0:  # in no slot, whatever backend an epoch with workers chose: torch's copy pins it
+        return pinning.pin_copy(batch) if pinning.accelerator_available() else batch
     if pin.backend is not None:
         return pin.backend.finish(batch)
-    if pin.copy or (num_workers == 0 and pinning.accelerator_available()):
+    if pin.copy:
         return pinning.pin_copy(batch)
     return batch

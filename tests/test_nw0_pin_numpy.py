@@ -1,4 +1,5 @@
-"""``num_workers=0`` with ``pin_memory=True`` pins a numpy batch by a copy, as torch pins tensors.
+"""``num_workers=0`` with ``pin_memory=True`` pins a numpy batch by a copy, as torch pins tensors
+(also after an epoch with workers chose a pin backend for the slots).
 
 With workers a numpy batch views its slot, which the pin backend registered: it is pinned. Without
 workers the batch is the collate's own memory, and torch's ``pin_memory`` (the copy torch's
@@ -85,3 +86,27 @@ def test_without_an_accelerator_nothing_is_copied(monkeypatch: pytest.MonkeyPatc
     with pytest.warns(UserWarning, match="no accelerator"):
         assert len(list(loader)) == 2
     assert host.buffers == []
+
+
+@pytest.mark.timeout(60)
+def test_after_an_epoch_with_workers_batches_without_them_are_still_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch lets ``num_workers`` change between epochs: a backend chosen for the ring's slots must
+    not be handed a batch in no slot (its ``finish`` treats it as registered, so it stayed unpinned)."""
+    from shmloader.gpu.fake import FakeBackend
+
+    fake = FakeBackend()
+    monkeypatch.setenv(pinning.ENV_BACKEND, "fake")
+    monkeypatch.setattr(pinning, "make_backend", lambda name: fake)
+    host = _faked(monkeypatch, accelerator=True)
+    data = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+    dl: shmloader.DataLoader = shmloader.DataLoader(shmloader.ArrayDataset(data), batch_size=4, num_workers=1,
+                                                    pin_memory=True)
+    try:
+        assert len(list(dl)) == 4 and fake.finished == 4 and not host.buffers  # in slots: the backend's
+        dl.num_workers = 0
+        batches = [x for (x,) in dl]
+    finally:
+        dl.close()
+    assert fake.finished == 4, "a batch in no slot was handed to the pin backend as if pinned"
+    assert len(batches) == 4 and all(_inside(x, host.buffers) for x in batches)
+    np.testing.assert_array_equal(np.concatenate(batches), data)

@@ -43,7 +43,10 @@ def _on_release(released: deque[Released], fence: Fence | None, slot_id: int, se
         return
     segment = lingering.pop(slot_id, None)
     if segment is not None:  # the ring closed while this batch was held: retire its segment now,
-        retire_lingering(segment, on_retire)  # while the dying lease still keeps it mapped
+        try:  # while the dying lease still keeps it mapped, once a copy enqueued before the drop is done
+            _fence_now(fence, slot_id)
+        finally:
+            retire_lingering(segment, on_retire)
         return
     event, spent = None, True  # until both are known: a release cut short retires the slot's segment
     try:
@@ -59,6 +62,30 @@ def _on_release(released: deque[Released], fence: Fence | None, slot_id: int, se
         spent = forked
     finally:  # a Ctrl-C landing in here (Python swallows it in a weakref callback) still queues the slot
         released.append((slot_id, serial, event, spent))
+
+
+def _fence_now(fence: Fence | None, slot_id: int) -> None:
+    """Record the fence of a dropped batch whose segment goes now (not back to the ring) and wait
+    for it: the pages are unpinned and unmapped next. Never raises an ``Exception``."""
+    if fence is None:
+        return
+    try:
+        event = fence()
+    except Exception as exc:  # the backend's unpin is the last guard left (torch's waits for the devices)
+        logger.warning("could not fence slot %d before its segment is unpinned: %s", slot_id, exc)
+        return
+    if event is not None:
+        wait_fence(event, f"slot {slot_id}")
+
+
+def wait_fence(event: Any, what: str) -> None:
+    """Wait for the fence of a dropped batch before its segment is unpinned and unmapped (a device
+    copy may still read it). A wait that fails is logged, never raised as an ``Exception``: the
+    segment goes all the same (a Ctrl-C still propagates)."""
+    try:
+        event.synchronize()
+    except Exception as exc:
+        logger.warning("could not wait for the fence of %s before unpinning its segment: %s", what, exc)
 
 
 class Lease(weakref.ref):

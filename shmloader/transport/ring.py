@@ -35,7 +35,8 @@ Pinned slots may still be read by a device copy when their last view dies (``x.t
 non_blocking=True)`` then dropping ``x``). With a ``fence`` (the pin backend's), the finalizer also
 records an event on the dropping thread's current stream; the slot *cools* (stays leased) until
 that event has completed, and only then is free. Past ``max_slots`` the ring waits for the oldest
-fence instead of raising.
+fence instead of raising. A segment retired instead (``close()``, or a batch held past it) is
+unpinned only once the fences of the batches dropped from it have completed.
 
 A batch the user keeps (``list(loader)``) should cost about its own bytes in the shm directory, as
 torch's does (each of its batches is in shared memory of its own size), not a slot as large as the
@@ -65,8 +66,10 @@ from typing import Any
 
 from shmloader.caches import remember
 from shmloader.errors import RingExhausted, ShmSpaceError, SlotOwnershipError
+from shmloader.kept import call_each
 from shmloader.owner import ProcessOwner, fork_mark
-from shmloader.transport.lease import LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering
+from shmloader.transport.lease import (LIVE, Fence, Lease, Released, SegmentHook, lease_died, retire_lingering,
+                                        wait_fence)
 from shmloader.transport.ring_growth import SlotGrowth
 from shmloader.transport.ring_reclaim import SHRINK, SlotReclaim
 from shmloader.transport.segment import Segment, page_round
@@ -295,6 +298,10 @@ class Ring(SlotGrowth, SlotReclaim):
             return
         self.closed = True
         error: BaseException | None = None
+        try:
+            self._wait_fences()
+        except BaseException as exc:  # a Ctrl-C in a wait: every segment goes all the same
+            error = exc
         for slot in self.slots:  # each slot whatever the others raise: a later close() is a no-op
             try:
                 self._close_slot(slot)
@@ -310,6 +317,12 @@ class Ring(SlotGrowth, SlotReclaim):
                 raise error
             finally:
                 del error  # else its traceback holds this frame, which holds it: a cycle only the collector frees
+
+    def _wait_fences(self) -> None:
+        """Before close() unpins and unmaps the segments: wait for the fence of every batch dropped
+        but not yet free (cooling, or released and not collected), as its slot would have."""
+        events = [released[2] for released in self._released] + [cooling[2] for cooling in self._cooling]
+        call_each((e for e in events if e is not None), lambda event: wait_fence(event, "a dropped batch"))
 
     def _close_slot(self, slot: Slot) -> None:
         try:
