@@ -144,8 +144,7 @@ class Ring(SlotGrowth, SlotReclaim):
             elif slot.size_bytes > SHRINK * min_bytes:
                 self._shrink(slot, min_bytes, owner)
         except BaseException:
-            slot.state, slot.owner = SlotState.FREE, None
-            self._free.appendleft(slot.id)
+            self._make_free(slot)  # free again, on its side of the free list
             raise
         return slot
 
