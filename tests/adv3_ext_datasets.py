@@ -1,0 +1,66 @@
+"""Datasets for the faults that come from outside the loader (tests/test_adv3_ext_*.py): the process
+tree, signals and the operating system.
+
+Importable by name, so they reach spawned workers. Each fault fires only inside a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from shmloader import get_worker_info
+
+N = 16
+
+
+def in_worker() -> bool:
+    return get_worker_info() is not None
+
+
+class Pids:
+    """Sample ``i`` is ``[i, pid of the process that fetched it]``: a test reads which worker made a batch."""
+
+    def __init__(self, n: int = N) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([i, os.getpid()])
+
+
+class Growing:
+    """Sample ``i`` holds ``16 + (i // 4) * step`` float64 values: with batches of 4 each batch
+    outgrows the last, so the ring grows mid-epoch."""
+
+    def __init__(self, n: int, step: int) -> None:
+        self.n, self.step = n, step
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(16 + (i // 4) * self.step, float(i))
+
+
+class IgnoresSigterm(Pids):
+    """A dataset that, in its worker, ignores SIGTERM and SIGINT (installs handlers of its own, as
+    some libraries do) and blocks for ever from sample ``hang_from`` on: shutdown must SIGKILL it."""
+
+    def __init__(self, n: int, hang_from: int) -> None:
+        super().__init__(n)
+        self.hang_from = hang_from
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if in_worker():
+            import signal
+
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, lambda *_: None)
+            if i >= self.hang_from:
+                threading.Event().wait()  # the fault: a hang only SIGKILL ends
+        return super().__getitem__(i)
