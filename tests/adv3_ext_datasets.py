@@ -47,13 +47,13 @@ class Growing:
         return np.full(16 + (i // 4) * self.step, float(i))
 
 
-class IgnoresSigterm(Pids):
-    """A dataset that, in its worker, ignores SIGTERM and SIGINT (installs handlers of its own, as
-    some libraries do) and blocks for ever from sample ``hang_from`` on: shutdown must SIGKILL it."""
+class HangsIgnoringSigterm(Pids):
+    """In its worker: ignore SIGTERM and SIGINT (handlers of the dataset's own, as some libraries
+    install), note ``hung-<pid>`` in ``directory``, then block for ever: only SIGKILL ends it."""
 
-    def __init__(self, n: int, hang_from: int) -> None:
+    def __init__(self, directory: str, n: int = N) -> None:
         super().__init__(n)
-        self.hang_from = hang_from
+        self.directory = directory
 
     def __getitem__(self, i: int) -> np.ndarray:
         if in_worker():
@@ -61,6 +61,11 @@ class IgnoresSigterm(Pids):
 
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, lambda *_: None)
-            if i >= self.hang_from:
-                threading.Event().wait()  # the fault: a hang only SIGKILL ends
+            open(os.path.join(self.directory, f"hung-{os.getpid()}"), "a").close()
+            threading.Event().wait()  # the fault: a hang that only SIGKILL ends
         return super().__getitem__(i)
+
+
+def noted(directory: str, kind: str) -> list[int]:
+    """The pids noted as ``kind-<pid>`` files in ``directory``."""
+    return [int(name.split("-", 1)[1]) for name in os.listdir(directory) if name.startswith(f"{kind}-")]
