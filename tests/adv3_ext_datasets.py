@@ -69,3 +69,19 @@ class HangsIgnoringSigterm(Pids):
 def noted(directory: str, kind: str) -> list[int]:
     """The pids noted as ``kind-<pid>`` files in ``directory``."""
     return [int(name.split("-", 1)[1]) for name in os.listdir(directory) if name.startswith(f"{kind}-")]
+
+
+class TakesDescriptors(Pids):
+    """At sample ``at``, in its worker: close every descriptor from 3 to 63 (a daemonising library's
+    ``os.closerange``), then, with ``directory``, open files there that take those numbers again."""
+
+    def __init__(self, at: int, directory: str | None = None) -> None:
+        super().__init__()
+        self.at, self.directory = at, directory
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == self.at and in_worker():
+            os.closerange(3, 64)
+            if self.directory is not None:
+                self.files = [open(os.path.join(self.directory, f"f{k}"), "wb") for k in range(12)]
+        return super().__getitem__(i)
