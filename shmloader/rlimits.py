@@ -4,7 +4,7 @@ Owns :func:`soft_limit` (one limit, read now) and :class:`SoftLimit`: its value 
 wording every message that names a limit uses — ``soft limit RLIMIT_NOFILE = 1024; 'ulimit -n'
 shows it`` and ``raise the limit (...)`` — for a worker that cannot start (``engine.start_limits``),
 a refused page lock (``gpu.mlock``, ``cli.doctor``), a segment made without a free descriptor
-(``transport.shm_space``) and the bench's bound on workers (``cli.options.startable_workers``).
+or past the file-size limit (``transport.shm_space``) and the bench's bound on workers (``cli.options.startable_workers``).
 Promises: reading never raises (a platform without the ``resource`` module or without that limit
 gives a limit that is not known) and changes no limit; importing this module imports nothing else.
 """
@@ -17,15 +17,16 @@ from typing import Literal
 
 __all__ = ["LimitName", "SoftLimit", "soft_limit"]
 
-LimitName = Literal["RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_MEMLOCK"]
+LimitName = Literal["RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_MEMLOCK", "RLIMIT_FSIZE"]
 
 # limit -> (the shell command that shows it, the ways to raise it)
 _WORDS: dict[LimitName, tuple[str, str]] = {
     "RLIMIT_NOFILE": ("ulimit -n", "ulimit -n, resource.setrlimit(resource.RLIMIT_NOFILE, ...)"),
     "RLIMIT_NPROC": ("ulimit -u", "ulimit -u, resource.setrlimit(resource.RLIMIT_NPROC, ...)"),
     "RLIMIT_MEMLOCK": ("ulimit -l", "ulimit -l unlimited, memlock in limits.conf, docker --ulimit memlock=-1"),
+    "RLIMIT_FSIZE": ("ulimit -f", "ulimit -f unlimited, fsize in limits.conf, resource.setrlimit(resource.RLIMIT_FSIZE, ...)"),
 }
-_IN_BYTES = frozenset({"RLIMIT_MEMLOCK"})
+_IN_BYTES = frozenset({"RLIMIT_MEMLOCK", "RLIMIT_FSIZE"})
 
 
 @dataclass(frozen=True, slots=True)

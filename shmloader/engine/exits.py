@@ -82,6 +82,19 @@ def send_signal(process: Any, pidfd: int, sig: int) -> None:
         pass
 
 
+def stopped(process: Any) -> bool:
+    """Whether the worker is stopped by a signal (SIGSTOP, SIGTSTP: state ``T`` in
+    ``/proc/<pid>/stat``), and so can act on nothing until continued; False where that cannot be
+    read (another OS, the process gone). Read only while the worker has not been joined, so its
+    pid is still its own."""
+    try:
+        with open(f"/proc/{process.pid}/stat", "rb") as f:
+            stat = f.read()
+    except (OSError, TypeError):
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] == b"T"  # the state follows the name, which may hold ")"
+
+
 def close(pidfd: int) -> None:
     if pidfd >= 0:
         os.close(pidfd)

@@ -36,6 +36,7 @@ from shmloader.errors import (
     rebuild_worker_exception,
 )
 from shmloader.transport import exc_types, shm_space
+from shmloader.worker.pipes import LOST_PIPE_EXIT
 
 Tasks = Mapping[int, Any]  # task -> its indices as the sampler made them (None: iterable dataset)
 Key = tuple[int, int]  # (epoch, task)
@@ -129,6 +130,10 @@ def hints(shm_dir: str, exitcode: int | None) -> list[str]:
         if now > _OOM_KILLS_AT_START:
             found.append(f"hint: the cgroup's oom_kill count rose from {_OOM_KILLS_AT_START} to {now} while "
                          "this process ran; the kernel's OOM killer may have killed the worker")
+    if exitcode == LOST_PIPE_EXIT:
+        found.append(f"hint: exit code {LOST_PIPE_EXIT} is the worker's own when a pipe to the main process was "
+                     "closed or replaced by the dataset, collate_fn or worker_init_fn (a descriptor they did not "
+                     "open); the worker's stderr names the descriptor")
     if exitcode == -signal.SIGBUS:
         free = shm_space.shm_free_bytes(shm_dir)
         if free is not None:

@@ -11,7 +11,8 @@ worker which does not exit on its own. Runs in the main process. Promises:
 - every reap is bounded: SIGTERM (with SIGCONT, for a stopped worker), a join of
   ``KILL_TIMEOUT_S``, then SIGKILL and a join of ``KILLED_JOIN_S``; a worker that even SIGKILL
   does not end in that time (uninterruptible sleep in the kernel) is named in a warning and left
-  to exit when the kernel lets it;
+  to exit when the kernel lets it; ``reap_all`` escalates all its workers together, so that bound
+  holds for the pool, not for each worker (tests/test_adv3_ext_stops.py);
 - both pipe ends the main process holds, its copy of the task pipe's read end and the pidfd are
   closed whatever happened, and ``reap_all`` reaps every worker even through Ctrl-C.
 """
@@ -19,6 +20,7 @@ worker which does not exit on its own. Runs in the main process. Promises:
 from __future__ import annotations
 
 import signal
+import time
 import weakref
 from multiprocessing import process as mp_process
 from multiprocessing.connection import Connection
@@ -40,13 +42,21 @@ live_workers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def reap_all(workers: list[WorkerHandle]) -> None:
     """Reap every worker, even through KeyboardInterrupts (re-raised once all are joined): an
-    interrupted reap would leave a worker running that nothing knows of any more. Each reap is
-    bounded (SIGTERM, then SIGKILL)."""
+    interrupted reap would leave a worker running that nothing knows of any more. The workers are
+    escalated together (``escalate``), so the bound is one escalation, not one per worker: one
+    after another, each worker that ignores SIGTERM (a handler of the dataset's) cost
+    ``KILL_TIMEOUT_S`` more."""
     interrupt: BaseException | None = None
+    escalated = False
+    try:
+        escalate(workers)
+        escalated = True
+    except KeyboardInterrupt as exc:
+        interrupt = exc
     for w in workers:
         while True:
             try:
-                reap(w)
+                reap(w, escalated)
                 break
             except KeyboardInterrupt as exc:
                 interrupt = interrupt or exc
@@ -58,21 +68,17 @@ def reap_all(workers: list[WorkerHandle]) -> None:
             del interrupt  # else its traceback holds this frame, which holds it: a cycle only the collector frees
 
 
-def reap(w: WorkerHandle) -> None:
+def reap(w: WorkerHandle, escalated: bool = False) -> None:
     """Make sure the process is gone and joined, and close its pipes. Bounded: a worker that even
     SIGKILL does not end within ``KILLED_JOIN_S`` is named in a warning and left to exit when the
-    kernel lets it (multiprocessing reaps it then); its pipes are closed all the same."""
+    kernel lets it (multiprocessing reaps it then); its pipes are closed all the same.
+    ``escalated``: ``escalate`` has already run for this worker (``reap_all``)."""
     if w.stop is not None:
         w.stop.set()  # a worker that outlives SIGTERM (a handler of the user's) starts no task meanwhile
+    if not escalated:
+        escalate([w])
     p = w.process
-    if w.running:
-        w.signal(signal.SIGTERM)
-        w.signal(signal.SIGCONT)  # a stopped worker (SIGSTOP) acts on SIGTERM only once continued
-        w.join(KILL_TIMEOUT_S)
-    if w.running:
-        w.signal(signal.SIGKILL)
-        join_killed(w)
-    else:
+    if not w.running:
         p.join()  # reaps it (at once: it has exited); a no-op where SIGCHLD is ignored
         if p.exitcode is None and isinstance(getattr(mp_process, "_children", None), set):
             mp_process._children.discard(p)  # type: ignore[attr-defined]  # else its exit handler signals the pid
@@ -84,9 +90,38 @@ def reap(w: WorkerHandle) -> None:
     close_pipes(w.tasks, w.results, w.task_reader)
 
 
+def escalate(workers: list[WorkerHandle]) -> None:
+    """End every worker still running: SIGTERM (with SIGCONT: a stopped worker acts on SIGTERM only
+    once continued) to all of them, one shared join of ``KILL_TIMEOUT_S``, then SIGKILL to those
+    left and one shared join of ``KILLED_JOIN_S``; each that even SIGKILL does not end is named in
+    a warning. Every stop flag is set first."""
+    for w in workers:
+        if w.stop is not None:
+            w.stop.set()
+    _signal_and_join([w for w in workers if w.running], (signal.SIGTERM, signal.SIGCONT), KILL_TIMEOUT_S)
+    killed = [w for w in workers if w.running]
+    _signal_and_join(killed, (signal.SIGKILL,), KILLED_JOIN_S)
+    for w in killed:
+        _warn_if_running(w)
+
+
+def _signal_and_join(workers: list[WorkerHandle], signals: tuple[int, ...], timeout_s: float) -> None:
+    """Send ``signals`` to every worker, then join them against one deadline ``timeout_s`` away."""
+    for w in workers:
+        for sig in signals:
+            w.signal(sig)
+    deadline = time.monotonic() + timeout_s
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+
+
 def join_killed(w: WorkerHandle) -> None:
     """Join a worker just sent SIGKILL, for at most ``KILLED_JOIN_S``; warn if it is still there."""
     w.join(KILLED_JOIN_S)
+    _warn_if_running(w)
+
+
+def _warn_if_running(w: WorkerHandle) -> None:
     if w.running:
         logger.warning("worker %d (pid %s) did not exit within %s s of SIGKILL (uninterruptible sleep in the "
                        "kernel: a hung network file system or device?); not waiting for it any longer",

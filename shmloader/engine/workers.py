@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
 import threading
 import time
 from collections import deque
@@ -319,8 +320,8 @@ class WorkerPool:
                 pass  # a dead worker is noticed through its sentinel
 
     def shutdown(self, grace_s: float = _JOIN_TIMEOUT_S) -> None:
-        """Stop every worker: stop flag, polite message, join within ``grace_s``, then terminate
-        and kill. From the first step no worker starts a task: each finishes the one it runs and
+        """Stop every worker: stop flag, polite message (and SIGCONT, for a worker stopped from
+        outside, which could not read either), join within ``grace_s``, then terminate and kill. From the first step no worker starts a task: each finishes the one it runs and
         drops its queue, so the join waits for one task at most (torch's ``done_event``).
 
         A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
@@ -336,6 +337,8 @@ class WorkerPool:
                     w.send(None)  # wakes an idle worker; one past its outbox reads its flag instead
                 except (BrokenPipeError, OSError):
                     pass
+                if exits.stopped(w.process):  # stopped from outside (SIGSTOP): it could not exit within the grace
+                    w.signal(signal.SIGCONT)
             deadline = time.monotonic() + grace_s
             for w in workers:
                 w.join(max(0.0, deadline - time.monotonic()))

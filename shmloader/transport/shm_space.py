@@ -3,7 +3,8 @@
 Owns nothing: the words and the checks. ``preflight`` (before a ring is made or grows) and
 ``explain_enospc`` (around ``Segment.create`` and ``Segment.reserve``, in the ring) raise the same
 ``ShmSpaceError`` — what was asked, the bytes needed and free, the remedies — and a directory no
-segment can be made in, or a process out of file descriptors, becomes an ``OSError`` of the same
+segment can be made in, a process out of file descriptors, or a segment past the file-size
+limit (``ulimit -f``) becomes an ``OSError`` of the same
 errno that names the setting or the limit to change (docs/errors.md). ``shm_free_bytes`` is the
 one place that reads a directory's free space (tests and the stress script patch it by this name).
 """
@@ -70,6 +71,8 @@ def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
                             "be a writable tmpfs", exc.filename) from exc
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise _descriptors_error(exc, shm_dir) from exc
+        if exc.errno == errno.EFBIG:
+            raise _file_size_error(exc, shm_dir, nbytes) from exc
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
             raise
         free = -1 if (free_bytes := shm_free_bytes(shm_dir)) is None else free_bytes
@@ -90,6 +93,15 @@ def held_space_error(exc: ShmSpaceError, slots: int, held: int) -> ShmSpaceError
                  "max_slots (SHMLOADER_MAX_SLOTS) bounds the ring with RingExhausted instead. ")
     return ShmSpaceError(str(exc).replace(_REMEDIES, held_hint + _REMEDIES), needed_bytes=exc.needed_bytes,
                          free_bytes=exc.free_bytes, directory=exc.directory)
+
+
+def _file_size_error(exc: OSError, shm_dir: str, nbytes: int) -> OSError:
+    """A segment larger than this process may make a file (``ulimit -f``): the same errno, the
+    segment's size, the directory and the limit. Python ignores the SIGXFSZ that comes with it."""
+    fsize = soft_limit("RLIMIT_FSIZE")
+    return OSError(exc.errno, f"cannot create a shared-memory segment of {nbytes} bytes in {shm_dir}: "
+                   f"{exc.strerror} (this process's {fsize.describe()}; every segment is a file there, "
+                   f"one slot each). Use smaller batches, or {fsize.remedy()}", exc.filename)
 
 
 def _descriptors_error(exc: OSError, shm_dir: str) -> OSError:

@@ -71,6 +71,11 @@ def alive(pid: int) -> bool:
     return True
 
 
+def worker_id() -> int:
+    """This worker's id (-1 before ``start``)."""
+    return -1 if _worker is None else _worker[0]
+
+
 def leave_if_forked(msg: Any = None) -> None:
     """Exit at once, sending nothing, in a process that is not the worker itself but a child that
     user code forked inside it and that came back into our code; print why (and the traceback of

@@ -65,6 +65,7 @@ from shmloader.worker import lineage
 from shmloader.worker.failed_start import FailedStart
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 from shmloader.worker.lineage import PARENT_CHECK_S
+from shmloader.worker.pipes import PipeWatch
 from shmloader.worker.stop import StopFlag
 
 
@@ -122,29 +123,37 @@ def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection,
     of that epoch is read. ``stopped(False)``: the stop flag, read before each message (some 50
     ns): once set, whatever is queued is dropped unread."""
     frames = _TaskFrames(tasks)
+    watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno())  # user code may take them away
+
+    def reply(msg: Any) -> None:
+        watch.check()
+        _send(results, msg)
+
     while True:
         lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
         frame = frames.next(PARENT_CHECK_S)
         if frame is _QUIET:  # also a stop whose message the main process could not write (a full pipe)
+            watch.check()
             if stopped(False) or os.getppid() != ppid or not lineage.alive(main_pid):
                 return
             continue
         if frame is None or stopped(False):  # the task pipe closed, or the main process stops us
+            watch.check()
             return
         try:
             msg = wire.decode(frame)
         except Exception:  # a task that does not unpickle here: report it, keep serving
-            _send(results, worker.undecodable(sys.exc_info()))
+            reply(worker.undecodable(sys.exc_info()))
             continue
         if msg is None:
             return
         if isinstance(msg, Task):
-            _send(results, worker.handle(msg))
+            reply(worker.handle(msg))
         elif isinstance(msg, Detach):
             worker.detach(msg.names)
         elif isinstance(msg, Reset):
             worker.reset(msg.epoch, msg.seed)
-            _send(results, ResetDone(msg.epoch))
+            reply(ResetDone(msg.epoch))
 
 
 def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rules: dict, data: Any,

@@ -1,0 +1,55 @@
+"""The worker's two pipes to the main process, and whether user code has taken them away.
+
+Owns the identity (device, inode) of the task pipe's and the reply pipe's descriptors, read as
+the worker starts serving. Runs in each worker. Why: a dataset, ``collate_fn`` or
+``worker_init_fn`` that closes descriptors it did not open (``os.closerange``, a daemonising
+library) made the worker take its closed pipe for the main process's end and exit with code 0,
+saying nothing; one that then opened files onto those numbers had the worker write its reply
+into the dataset's own file (tests/test_adv3_ext_fds.py). Promises: ``check`` ends the worker
+with ``LOST_PIPE_EXIT`` and one line on stderr naming the worker, its pid and the descriptor, as
+soon as either descriptor no longer names its pipe; it costs two ``fstat`` calls.
+"""
+
+from __future__ import annotations
+
+import os
+
+LOST_PIPE_EXIT = 70  # sysexits' EX_SOFTWARE; faults.hints explains it in the main process's WorkerDied
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class PipeWatch:
+    """The identities of the worker's pipes, compared with what their descriptors name now."""
+
+    def __init__(self, worker_id: int, tasks_fd: int, results_fd: int) -> None:
+        self.worker_id = worker_id
+        self._pipes = {"task": (tasks_fd, _identity(tasks_fd)), "reply": (results_fd, _identity(results_fd))}
+
+    def lost(self) -> str | None:
+        """What happened to the first pipe whose descriptor no longer names it, or None."""
+        for name, (fd, identity) in self._pipes.items():
+            now = _identity(fd)
+            if now != identity:
+                return f"descriptor {fd}, its {name} pipe, was " + ("closed" if now is None else "replaced by another file")
+        return None
+
+    def check(self) -> None:
+        """Exit now, with ``LOST_PIPE_EXIT`` and a line on stderr, if a pipe was taken away."""
+        what = self.lost()
+        if what is None:
+            return
+        line = (f"shmloader: DataLoader worker {self.worker_id} (pid {os.getpid()}): {what} by the dataset, "
+                "collate_fn or worker_init_fn (a descriptor they did not open); the worker cannot reach the main "
+                f"process and exits with code {LOST_PIPE_EXIT}.\n")
+        try:  # to descriptor 2 itself: a sys.stderr that wraps another descriptor may be among those closed
+            os.write(2, line.encode(errors="replace"))
+        except OSError:  # stderr closed too
+            pass
+        os._exit(LOST_PIPE_EXIT)
