@@ -126,7 +126,7 @@ def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection,
     watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno())  # user code may take them away
 
     def reply(msg: Any) -> None:
-        watch.check()
+        watch.check_reply()
         _send(results, msg)
 
     while True:
