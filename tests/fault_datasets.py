@@ -50,6 +50,8 @@ def fault(how: str, where: str) -> None:
         ctypes.string_at(0)
     elif how == "exit":
         os._exit(3)
+    elif how == "sysexit":
+        sys.exit(0)
     elif how == "hang":
         threading.Event().wait()
     raise AssertionError(f"fault {how!r} did not end the worker")

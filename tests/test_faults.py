@@ -210,6 +210,25 @@ def test_oom_hint_only_when_the_count_rose(monkeypatch: pytest.MonkeyPatch) -> N
     assert faults.hints("/dev/shm", 3) == []
 
 
+def test_exit_code_0_hints_at_sys_exit() -> None:
+    assert faults.hints("/dev/shm", 0) == [
+        "hint: exit code 0 means the worker ended by itself without being asked to: sys.exit(), a "
+        "SystemExit or os._exit(0) in the dataset, collate_fn or worker_init_fn?"]
+    assert faults.hints("/dev/shm", 1) == []
+
+
+@pytest.mark.timeout(60)
+def test_sys_exit_in_getitem_is_a_death_that_says_so() -> None:
+    loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(8, "getitem", "sysexit", at=3), batch_size=2, num_workers=2)
+    try:
+        with pytest.raises(WorkerDied) as info:
+            list(loader)
+    finally:
+        loader.close()
+    assert "exited unexpectedly with exit code 0" in str(info.value) and "sample indices [2..3]" in str(info.value)
+    assert "sys.exit()" in str(info.value)
+
+
 def test_iterable_death_says_why_no_restart() -> None:
     exc = faults.died(0, 1, -9, {0: None}, "/dev/shm", iterable=True)
     assert "(iterable dataset: no sample indices)" in str(exc)

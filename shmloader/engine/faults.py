@@ -130,6 +130,9 @@ def hints(shm_dir: str, exitcode: int | None) -> list[str]:
         if now > _OOM_KILLS_AT_START:
             found.append(f"hint: the cgroup's oom_kill count rose from {_OOM_KILLS_AT_START} to {now} while "
                          "this process ran; the kernel's OOM killer may have killed the worker")
+    if exitcode == 0:
+        found.append("hint: exit code 0 means the worker ended by itself without being asked to: sys.exit(), a "
+                     "SystemExit or os._exit(0) in the dataset, collate_fn or worker_init_fn?")
     if exitcode == LOST_PIPE_EXIT:
         found.append(f"hint: exit code {LOST_PIPE_EXIT} is the worker's own when a pipe to the main process was "
                      "closed or replaced by the dataset, collate_fn or worker_init_fn (a descriptor they did not "
