@@ -34,6 +34,7 @@ from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
 from shmloader.engine.iterator import BaseIter, SingleProcessIter
+from shmloader.engine import live
 from shmloader.engine.live import LiveIterators
 from shmloader.engine.plan import Plan
 from shmloader.epoch_book import EpochBook
@@ -222,6 +223,8 @@ class DataLoader(Generic[T_co]):
         return self.batch_sampler if self._auto_collation else self.sampler
 
     def __iter__(self) -> BaseIter:
+        if self.num_workers > 0:
+            live.refuse_if_exiting()  # a daemon thread after the exit hook: no worker nothing would stop
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or getattr(it, "closed", False):
