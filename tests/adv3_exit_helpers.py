@@ -5,7 +5,8 @@ script prints ``PIDS <pid> …`` (its children, listed before it ends), the runn
 within a bound and reports its exit code, its stderr, the children still alive after a short
 grace, and the ``shml_<pid>_`` files it left in the shared-memory directory. ``PRELUDE`` is
 prepended to every script: the imports, a small array, ``print_children()`` and ``Slow`` (a
-dataset whose samples from 16 on block for 30 s, so a worker is busy when the script ends).
+dataset whose samples from 16 on block for 30 s, so a worker is busy when the script ends) and
+``iterate_in_a_daemon_thread(loader)``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import psutil
 
@@ -46,6 +48,18 @@ PRELUDE = textwrap.dedent("""
             if i >= 16:
                 time.sleep(30)
             return DATA[i]
+
+    def iterate_in_a_daemon_thread(loader):
+        \"\"\"Iterate ``loader``, epoch after epoch, in a daemon thread; return once a batch came.\"\"\"
+        started = threading.Event()
+
+        def run():
+            while True:
+                for batch in loader:
+                    started.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        assert started.wait(30)
 """)
 
 
@@ -115,3 +129,22 @@ def _segments_of(pid: int) -> list[str]:
         return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
     except FileNotFoundError:
         return []
+
+
+class InnerLoaderDataset:
+    """Sample ``i`` is the rows ``4i .. 4i+3`` of ``np.arange(64)``, read through a DataLoader of its
+    own with ``inner_workers`` workers, made and iterated inside ``__getitem__`` (so inside a worker
+    of the outer loader)."""
+
+    def __init__(self, inner_workers: int) -> None:
+        self.inner_workers = inner_workers
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> Any:
+        import numpy as np
+
+        rows = shmloader.ArrayDataset(np.arange(64, dtype=np.int64)[4 * i:4 * i + 4])
+        inner: shmloader.DataLoader[Any] = shmloader.DataLoader(rows, batch_size=2, num_workers=self.inner_workers)
+        return np.concatenate([x for (x,) in inner])

@@ -20,15 +20,7 @@ IN_NEXT = """
     if __name__ == "__main__":
         dataset = Slow() if sys.argv[2] == "hung" else shmloader.ArrayDataset(DATA)
         loader = shmloader.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=sys.argv[1])
-        started = threading.Event()
-
-        def run():
-            while True:
-                for batch in loader:
-                    started.set()
-
-        threading.Thread(target=run, daemon=True).start()
-        assert started.wait(30)
+        iterate_in_a_daemon_thread(loader)
         print_children()
         sys.exit(3)
 """
