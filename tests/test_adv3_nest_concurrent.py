@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
 
 import numpy as np
 import pytest
+from iter_helpers import mp_iter
 from process_helpers import workers_left
 
 import shmloader
@@ -46,7 +46,7 @@ def _join(threads: list[threading.Thread]) -> None:
 @pytest.mark.parametrize("policy", ["raise", "restart"])
 def test_zip_of_two_loaders_while_a_worker_of_one_is_killed(policy: str) -> None:
     a, b = _loader(on_worker_death=policy), _loader(on_worker_death=policy)
-    ia, ib = iter(a), iter(b)
+    ia, ib = mp_iter(iter(a)), iter(b)
     got_a: list[int] = []
     got_b: list[int] = []
     try:
@@ -175,15 +175,6 @@ class SlowFirst(shmloader.Dataset):
         return np.int64(i)
 
 
-def _waiting_in_next(thread: threading.Thread) -> bool:
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == "_wait" and "engine" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("epochs_before", [0, 1])
 def test_an_iterator_dropped_in_a_thread_while_another_starts_the_next_epoch(epochs_before: int) -> None:
@@ -192,9 +183,11 @@ def test_an_iterator_dropped_in_a_thread_while_another_starts_the_next_epoch(epo
     for _ in range(epochs_before):
         list(loader)
     res: dict[str, Any] = {}
+    made = threading.Event()
 
     def abandon() -> None:
         it = iter(loader)
+        made.set()
         res["abandoned"] = np.asarray(next(it)).tolist()  # inside next() when the other thread's iter() comes
         del it
 
@@ -203,9 +196,11 @@ def test_an_iterator_dropped_in_a_thread_while_another_starts_the_next_epoch(epo
 
     first = threading.Thread(target=abandon, daemon=True)
     first.start()
+    assert made.wait(DEADLINE_S)
+    guard = mp_iter(loader._iterator)._guard
     deadline = time.monotonic() + DEADLINE_S
-    while not _waiting_in_next(first):
-        assert time.monotonic() < deadline, "the first thread never waited inside next()"
+    while guard.owner != first.ident:  # the step lock's holder: the first thread, inside next()
+        assert time.monotonic() < deadline, "the first thread never entered next()"
         time.sleep(0.001)
     second = threading.Thread(target=fresh, daemon=True)
     second.start()
