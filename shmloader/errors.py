@@ -226,6 +226,16 @@ class NumWorkersError(ConfigError, AssertionError):
     """
 
 
+class DaemonicProcessWorkersError(ConfigError, AssertionError):
+    """``num_workers > 0`` reached ``iter()`` in a daemonic process (a DataLoader worker, whose
+    dataset makes a loader of its own), which multiprocessing refuses children.
+
+    A ConfigError naming ``num_workers``, raised before anything starts; and an AssertionError,
+    which ``Process.start`` raises there under torch ("daemonic processes are not allowed to have
+    children").
+    """
+
+
 class TimeoutWithoutWorkersError(ConfigError, AssertionError):
     """A ``timeout`` other than 0 reached ``iter()`` without workers, where nothing waits for a batch.
 

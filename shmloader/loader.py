@@ -34,6 +34,7 @@ from shmloader.config import DEFAULT, resolve_config
 from shmloader.config_fields import FIELDS
 from shmloader.datasets import is_iterable_dataset
 from shmloader.engine.iterator import BaseIter, SingleProcessIter
+from shmloader.engine import live
 from shmloader.engine.live import LiveIterators
 from shmloader.engine.plan import Plan
 from shmloader.epoch_book import EpochBook
@@ -222,6 +223,8 @@ class DataLoader(Generic[T_co]):
         return self.batch_sampler if self._auto_collation else self.sampler
 
     def __iter__(self) -> BaseIter:
+        if self.num_workers > 0:
+            live.refuse_if_exiting()  # a daemon thread after the exit hook: no worker nothing would stop
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or getattr(it, "closed", False):
@@ -317,11 +320,13 @@ class DataLoader(Generic[T_co]):
     # -- engine wiring: the plan is all an iterator sees of the loader --------------------------
     def _plan(self) -> Plan:
         """One iterator's frozen view of this loader (engine/plan.py); raises for a ``prefetch_factor``,
-        ``timeout`` or ``worker_init_fn`` (perhaps set since construction) this iteration cannot use."""
+        ``timeout`` or ``worker_init_fn`` (perhaps set since construction) this iteration cannot use,
+        and for workers in a process that may not have children (a worker of another loader)."""
         cfg = self._config
         prefetch_factor = checks.check_prefetch_at_iter(self.prefetch_factor, self.num_workers)
         timeout_s = checks.check_timeout_at_iter(self.timeout, self.num_workers)
         checks.check_worker_init_fn(self.worker_init_fn, self.num_workers)
+        checks.check_may_start_workers(self.num_workers)  # not from a worker: before anything starts
         return Plan(
             config=cfg, dataset=self.dataset, num_workers=self.num_workers,
             prefetch_factor=prefetch_factor, timeout_s=timeout_s, in_order=self.in_order,

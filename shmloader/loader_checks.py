@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from shmloader.errors import ConfigError, NumWorkersError, PrefetchFactorError, TimeoutWithoutWorkersError
+from shmloader.errors import (
+    ConfigError,
+    DaemonicProcessWorkersError,
+    NumWorkersError,
+    PrefetchFactorError,
+    TimeoutWithoutWorkersError,
+)
 from shmloader.samplers import check_positive_int
 
 
@@ -73,6 +79,19 @@ def _worker_count(num_workers: Any, at_iter: bool = False) -> int:
         raise OverflowError(f"num_workers={num_workers} is more worker processes than any system can start "
                             f"(at most sys.maxsize={sys.maxsize}; the usable CPUs are a sensible maximum)")
     return num_workers
+
+
+def check_may_start_workers(num_workers: int) -> None:
+    """Workers can start from this process: not a daemonic one (a worker of another loader), which
+    multiprocessing refuses children with a bare AssertionError that names no option."""
+    if num_workers > 0 and multiprocessing.current_process().daemon:
+        me = multiprocessing.current_process()
+        raise DaemonicProcessWorkersError(
+            f"num_workers={num_workers} reached iter(loader) in process {me.name!r} (pid {os.getpid()}), which "
+            "is daemonic (a DataLoader worker, or another process started with daemon=True), and daemonic "
+            "processes are not allowed to have children: a loader made inside a worker (in a dataset's "
+            "__getitem__, or worker_init_fn) needs num_workers=0",
+            name="num_workers", value=num_workers)
 
 
 def check_prefetch_at_iter(prefetch_factor: Any, num_workers: Any) -> int:

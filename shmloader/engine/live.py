@@ -8,6 +8,16 @@ and its iterator is ``admit``-ted before it starts anything (a multi-process one
 guard, so a ``close()`` that finds it waits for its build to end and then stops it). A ``close()``
 since the ticket refuses the admission with ``LoaderClosed``: every ``close()`` either finds an
 iterator or comes before it starts anything, never between.
+
+Also owns the interpreter-exit hook, which stops every multi-process iterator of the process, and
+what a daemon thread meets after it (``park_if_exiting``): a ``next()`` that the hook stopped, or a
+new ``iter(loader)`` with workers, keeps that thread waiting for the interpreter to end it, as
+torch's daemon thread stays inside its ``next()``. Why: the stopped ``next()`` raised
+``LoaderClosed`` into the thread, whose traceback threading printed as the interpreter went down
+(often cut off half-way), and a thread that went on started workers and segments that no hook
+would stop any more (the resource tracker warned of leaked shared_memory;
+tests/test_adv3_exit_daemon.py). The main thread and other threads are never held: they get the
+error, as before.
 """
 
 from __future__ import annotations
@@ -23,11 +33,31 @@ from shmloader.errors import LoaderClosed
 # Every multi-process iterator of this process not yet shut, whatever loader made it: closed at
 # interpreter exit, so no worker outlives the script that forgot to close its loader.
 IN_PROCESS: weakref.WeakSet[Any] = weakref.WeakSet()
+EXITING = threading.Event()  # set as the exit hook begins, never cleared
+PARK_S = 60.0  # how long a parked daemon thread waits for the interpreter's end before its error
 
 
 @atexit.register
 def _close_all() -> None:
+    EXITING.set()  # first: a next() this hook stops sees it as it returns
     close_each(IN_PROCESS)
+
+
+def park_if_exiting() -> None:
+    """In a daemon thread once the exit hook has run: wait for the interpreter to end this thread
+    (``PARK_S`` at most, so an exit hook of the application that joins the thread still returns:
+    the caller then raises its error). Anywhere else: return at once."""
+    if EXITING.is_set() and threading.current_thread().daemon:
+        threading.Event().wait(PARK_S)
+
+
+def refuse_if_exiting() -> None:
+    """``iter(loader)`` with workers: in a daemon thread once the exit hook has run, park, then raise
+    ``LoaderClosed`` (workers started now would outlive the hook); anywhere else return at once."""
+    if EXITING.is_set() and threading.current_thread().daemon:
+        park_if_exiting()
+        raise LoaderClosed("iter(loader) in a daemon thread while the interpreter exits: shmloader's exit "
+                           "hook has stopped every loader's workers, and starts no new ones")
 
 
 class LiveIterators:

@@ -228,7 +228,11 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         if not self._creator.here:
             raise self._foreign_error("next()")
         # close() from a hook while this next() ran: this next() closes the iterator as it returns
-        return self._guard.step("next()", self._step, on_stop=self._close_owned)
+        try:
+            return self._guard.step("next()", self._step, on_stop=self._close_owned)
+        except LoaderClosed:
+            live.park_if_exiting()  # a daemon thread stopped by the exit hook: no traceback at exit
+            raise
 
     def _step(self) -> Any:
         if self._state is IterState.CLOSED:
