@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.collate.context import CollateContext
+from shmloader.collate.field_errors import CollateShapeError
 
 __all__ = [
     "CollateShapeError",
@@ -63,29 +64,6 @@ _PY_NUMBERS = frozenset({float, int, bool})
 _PY_COMPLEX = frozenset({complex, float, int, bool})
 _FLOAT64 = np.dtype(np.float64)
 _COMPLEX128 = np.dtype(np.complex128)
-
-class CollateShapeError(RuntimeError):
-    """Samples at one field of a batch differ in shape, so they cannot be stacked.
-
-    Raised where torch raises "stack expects each tensor to be equal size" (a RuntimeError).
-    Attributes: ``path`` (the field, e.g. ``batch['image']``), ``shapes`` (the first sample's shape
-    and the first differing one) and ``entries`` (their positions in the batch).
-    """
-
-    def __init__(
-        self, path: str, shapes: tuple[tuple[int, ...], tuple[int, ...]], entries: tuple[int, int]
-    ) -> None:
-        first, other = shapes
-        super().__init__(
-            f"stack expects each tensor to be equal size, but got {list(first)} at entry "
-            f"{entries[0]} and {list(other)} at entry {entries[1]}, at {path}. "
-            "Make the samples of this field one shape, or pass a collate_fn that handles "
-            "ragged samples."
-        )
-        self.path = path
-        self.shapes = (tuple(first), tuple(other))
-        self.entries = entries
-
 
 def raise_shape_error(batch: Sequence[Any], ctx: CollateContext) -> None:
     """Raise :class:`CollateShapeError` for the first sample whose shape differs from entry 0.

@@ -38,6 +38,7 @@ import numpy as np
 
 from shmloader.caches import remember
 from shmloader.collate.context import Alloc, CollateContext
+from shmloader.collate.field_errors import TORCH_ERRORS, name_field, type_name
 from shmloader.collate.rules import (
     _PY_NUMBERS,
     check_array_dtype,
@@ -156,7 +157,15 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     torch-mode worker an AttributeError (``'numpy.ndarray' object has no attribute 'numel'``),
     elsewhere ``torch.stack``'s TypeError ("expected Tensor as element 1 ...").
     """
-    torch = _torch()
+    try:
+        return _stack_tensors(batch, ctx, _torch())
+    except TORCH_ERRORS as error:  # torch's own checks and stack: its error, and the field
+        name_field(error, batch, ctx)
+        raise
+
+
+def _stack_tensors(batch: Sequence[Any], ctx: CollateContext, torch: Any) -> Any:
+    """:func:`collate_tensors` without the field named in torch's errors."""
     elem = batch[0]
     _check_layout(elem, torch)
     try:
@@ -167,7 +176,7 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
             return _stack_with_grad(batch, ctx, torch)
         if elem.device.type != "cpu":
             return torch.stack(batch, 0)  # cannot live in a slot: torch's result as is
-        dtypes = set(map(_dtype, batch))
+        dtypes = list(dict.fromkeys(map(_dtype, batch)))  # in the batch's order, as torch promotes
     except AttributeError:  # no shape / requires_grad / dtype: not a tensor
         _refuse_non_tensors(batch, ctx, torch)
         return torch.stack(batch, 0)
@@ -227,7 +236,7 @@ def _in_torch_worker(ctx: CollateContext, torch: Any) -> bool:
     return ctx.to_torch and torch.utils.data.get_worker_info() is not None
 
 
-def _stacked_dtype(elem: Any, dtypes: set[Any], ctx: CollateContext, torch: Any) -> Any:
+def _stacked_dtype(elem: Any, dtypes: list[Any], ctx: CollateContext, torch: Any) -> Any:
     """The dtype of a batch of tensors of several dtypes, as torch's ``collate_tensor_fn`` gives it.
 
     In torch mode inside a worker — as torch decides it, ``torch.utils.data.get_worker_info()`` is
@@ -257,18 +266,12 @@ def _refuse_non_tensors(batch: Sequence[Any], ctx: CollateContext, torch: Any) -
                 _numel(sample)
             except AttributeError as exc:
                 raise AttributeError(
-                    f"{exc} (at {ctx.path}: entry {index} is a {_type_name(sample)}, entry 0 a "
-                    f"{_type_name(batch[0])}; in a worker torch's default_collate counts the "
+                    f"{exc} (at {ctx.path}: entry {index} is a {type_name(sample)}, entry 0 a "
+                    f"{type_name(batch[0])}; in a worker torch's default_collate counts the "
                     "elements of every sample of a tensor field before stacking them. Make the "
                     "field's samples all tensors, or all numpy arrays.)"
                 ) from None
     torch.stack(batch, 0)
-
-
-def _type_name(obj: Any) -> str:
-    """``numpy.ndarray``, ``torch.Tensor``, ``list``: a sample's type as an error names it."""
-    tp = type(obj)
-    return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
 
 
 def _check_layout(elem: Any, torch: Any) -> None:
@@ -295,17 +298,21 @@ def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
     An array with a negative stride (``a[::-1]``) gets torch's ValueError, as ``default_collate``
     gives it (``torch.as_tensor`` refuses such arrays); the numpy flavour still stacks them.
     """
-    elem = batch[0]
-    check_array_dtype(elem, ctx)
-    if len(set(map(type, batch))) > 1:  # not all arrays: torch converts each with as_tensor
-        return _as_tensors(batch, ctx)
-    if any(min(sample.strides, default=0) < 0 for sample in batch):
-        return _as_tensors(batch, ctx)  # raises torch's own ValueError, for the first such sample
-    if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
-        # mixed dtypes follow torch's rule (collate_tensors); a refused dtype raises torch's own error
-        return _as_tensors(batch, ctx)
-    out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
-    return _from_numpy(stack_checked(batch, out, ctx), _torch())
+    try:
+        elem = batch[0]
+        check_array_dtype(elem, ctx)
+        if len(set(map(type, batch))) > 1:  # not all arrays: torch converts each with as_tensor
+            return _as_tensors(batch, ctx)
+        if any(min(sample.strides, default=0) < 0 for sample in batch):
+            return _as_tensors(batch, ctx)  # raises torch's own ValueError, for the first such sample
+        if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
+            # mixed dtypes follow torch's rule (collate_tensors); a refused dtype raises torch's own error
+            return _as_tensors(batch, ctx)
+        out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
+        return _from_numpy(stack_checked(batch, out, ctx), _torch())
+    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
+        name_field(error, batch, ctx)
+        raise
 
 
 def _as_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
@@ -315,10 +322,14 @@ def _as_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
 
 def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """numpy scalars in torch mode: ``torch.as_tensor(batch)``, written into alloc."""
-    types = set(map(type, batch))
-    if len(types) == 1 and _scalar_type_ok(batch[0]):
-        return _torch().from_numpy(write_array(np.asarray(batch), ctx))
-    return copy_into_alloc(_torch().as_tensor(batch), ctx)
+    try:
+        types = set(map(type, batch))
+        if len(types) == 1 and _scalar_type_ok(batch[0]):
+            return _torch().from_numpy(write_array(np.asarray(batch), ctx))
+        return copy_into_alloc(_torch().as_tensor(batch), ctx)
+    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
+        name_field(error, batch, ctx)
+        raise
 
 
 def _scalar_type_ok(elem: Any) -> bool:
@@ -337,23 +348,32 @@ def _scalar_type_ok(elem: Any) -> bool:
 
 def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python floats in torch mode: ``torch.tensor(batch, dtype=torch.float64)``."""
-    if set(map(type, batch)) <= _PY_NUMBERS:
-        out = ctx.alloc((len(batch),), _FLOAT64)
-        out[...] = batch
-        return _torch().from_numpy(out)
-    torch = _torch()
-    return copy_into_alloc(torch.tensor(batch, dtype=torch.float64), ctx)
+    try:
+        if set(map(type, batch)) <= _PY_NUMBERS:
+            out = ctx.alloc((len(batch),), _FLOAT64)
+            out[...] = batch
+            return _torch().from_numpy(out)
+        torch = _torch()
+        return copy_into_alloc(torch.tensor(batch, dtype=torch.float64), ctx)
+    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
+        name_field(error, batch, ctx)
+        raise
 
 
 def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python ints and bools in torch mode: ``torch.tensor(batch)`` (int64, or bool)."""
-    if set(map(type, batch)) <= _PY_INTS:
-        try:
-            arr = np.asarray(batch)
-        except OverflowError:
-            arr = None
-        if arr is not None and (arr.dtype == _INT64 or arr.dtype == _BOOL):
-            return _torch().from_numpy(write_array(arr, ctx))
-    # floats mixed in, int subclasses, or values past int64: torch's inference and errors
-    return copy_into_alloc(_torch().tensor(batch), ctx)
+    try:
+        if set(map(type, batch)) <= _PY_INTS:
+            try:
+                arr = np.asarray(batch)
+            except OverflowError:
+                arr = None
+            if arr is not None and (arr.dtype == _INT64 or arr.dtype == _BOOL):
+                return _torch().from_numpy(write_array(arr, ctx))
+        # floats mixed in, int subclasses, or values past int64: torch's inference and errors
+        return copy_into_alloc(_torch().tensor(batch), ctx)
 
+
+    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
+        name_field(error, batch, ctx)
+        raise
