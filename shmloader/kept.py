@@ -44,13 +44,13 @@ def keep(exc: E) -> E:
         tb = error.__traceback__
         if tb is not None:
             error.__traceback__ = None
-            _note(error, NOTE + "\n" + "".join(traceback.format_tb(tb)).rstrip())
+            note(error, NOTE + "\n" + "".join(traceback.format_tb(tb)).rstrip())
             del tb
         todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
     return exc
 
 
-def _note(error: BaseException, text: str) -> None:
+def note(error: BaseException, text: str) -> None:
     """``error.add_note(text)``; on Python 3.10 the same list, which that version does not print."""
     notes = getattr(error, "__notes__", None)
     if not isinstance(notes, list):

@@ -29,8 +29,8 @@ from shmloader.collate.threads import ThreadedStack, stack_for
 from shmloader.engine.caller import LOADER, Caller
 from shmloader.engine.plan import Plan
 from shmloader.engine.stepguard import reentry_error
-from shmloader.errors import LoaderClosed, PluginError
-from shmloader.kept import call_each, keep
+from shmloader.errors import LoaderClosed, PluginError, format_indices
+from shmloader.kept import call_each, keep, note
 from shmloader.log import logger
 from shmloader.worker.main import make_fetcher, run_collate
 from shmloader.worker_info import generate_state, seed_rngs, task_seed
@@ -307,6 +307,7 @@ class SingleProcessIter(BaseIter):
                 raise
             except Exception as exc:
                 self._pending = None
+                note(exc, _where(pending, self._iterable))  # what a worker's error says in its message
                 self._batch_failed(task, exc)
                 raise
         t2 = time.perf_counter()
@@ -319,6 +320,13 @@ class SingleProcessIter(BaseIter):
             self._batch_failed(task, exc)
             raise
         return batch, (t1 - t0, t2 - t1, t2 - t0)
+
+
+def _where(pending: _Pending, iterable: bool) -> str:
+    """The note on a batch's own error without workers: its batch and sample indices, as a worker's
+    error names them in its message (torch's names none; the type and message stay the dataset's)."""
+    samples = "of the iterable dataset" if iterable else f"(sample indices {format_indices(pending.index)})"
+    return f"while loading batch {pending.task} {samples} in the main process (num_workers=0)"
 
 
 _UNFETCHED: Any = object()
