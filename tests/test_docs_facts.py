@@ -262,3 +262,33 @@ def test_every_variable_the_docs_name_is_read() -> None:
                for name in sorted(set(re.findall(r"SHMLOADER_[A-Z0-9_]*[A-Z0-9]", doc.read_text(encoding="utf-8"))))
                if name not in known]
     assert not unknown, "variables the docs name that shmloader does not read:\n" + "\n".join(unknown)
+
+
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    """README.md says its test command "is what `.ci/run` runs"."""
+    run = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    command = next(line for line in reversed(run) if line.strip() and not line.startswith("#"))
+    assert "`.ci/run`" in (REPO / "README.md").read_text(encoding="utf-8")
+    assert command in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+SECTION_REF = re.compile(r"([\w/.-]+\.md)\)?`?,? (?:section )?\"([^\"]+)\"")
+
+
+def section_titles(page: Path) -> list[str]:
+    """The headings of a page and the bold lead words of its list items (``- **Lease.**``)."""
+    text = page.read_text(encoding="utf-8")
+    return re.findall(r"^#+ (.+)$", text, re.M) + re.findall(r"^\s*- \*\*(.+?)\*\*", text, re.M)
+
+
+def test_every_section_the_docs_point_to_exists() -> None:
+    """``docs/performance.md, "Huge pages"``: that page has a heading (or bold item) starting so."""
+    missing, seen = [], 0
+    for doc in DOCS:
+        for page, title in SECTION_REF.findall(" ".join(doc.read_text(encoding="utf-8").split())):
+            target = next((p for p in (doc.parent / page, REPO / page, REPO / "docs" / page) if p.is_file()), None)
+            seen += 1
+            if target is None or not any(t.startswith(title.rstrip(".")) for t in section_titles(target)):
+                missing.append(f"{doc.relative_to(REPO)}: {page}, \"{title}\"")
+    assert seen >= 10, "the reference collector found too few references"
+    assert not missing, "sections the docs point to that do not exist:\n" + "\n".join(missing)
