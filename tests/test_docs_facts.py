@@ -292,3 +292,28 @@ def test_every_section_the_docs_point_to_exists() -> None:
                 missing.append(f"{doc.relative_to(REPO)}: {page}, \"{title}\"")
     assert seen >= 10, "the reference collector found too few references"
     assert not missing, "sections the docs point to that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_plugins_page_gives_each_hook_its_arguments() -> None:
+    """docs/plugins.md shows each hook of shmloader/hookspecs.py with exactly its arguments: in the
+    hook's heading (``### `shmloader_pin_backend(device: str)```) or in its row of the observers' table."""
+    from shmloader import hookspecs
+
+    page = (REPO / "docs" / "plugins.md").read_text(encoding="utf-8")
+    wrong = []
+    for name, spec in vars(hookspecs).items():
+        if not (name.startswith("shmloader_") and inspect.isfunction(spec)):
+            continue
+        wanted = set(inspect.signature(spec).parameters)
+        heading = re.search(rf"^### `{name}\(([^)]*)\)", page, re.M)
+        row = re.search(rf"^\| `{name}` \|.*\| ([^|]*) \|$", page, re.M)
+        if heading is not None:
+            shown = {p.split(":")[0].strip() for p in heading.group(1).split(",") if p.strip()}
+        elif row is not None:
+            shown = set(re.findall(r"`(\w+)`", row.group(1)))
+        else:
+            wrong.append(f"{name}: not shown")
+            continue
+        if shown != wanted:
+            wrong.append(f"{name}: shown with {sorted(shown)}, takes {sorted(wanted)}")
+    assert not wrong, "hooks in docs/plugins.md:\n" + "\n".join(wrong)
