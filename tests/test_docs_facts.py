@@ -230,6 +230,10 @@ def test_the_errors_page_shows_every_public_exception_class() -> None:
     page = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     missing = sorted(set(public_errors()) - set(NOT_MET) - set(re.findall(r"`?(\w+)`?", page)))
     assert not missing, f"exception classes missing from docs/errors.md: {missing}"
+    rows = re.findall(r"^\| `(\w+)`", page, re.M)
+    unknown = [name for name in rows if not (name in public_errors() or
+                                             isinstance(getattr(builtins, name, None), type))]
+    assert len(rows) > 20 and not unknown, f"docs/errors.md's table names errors that do not exist: {unknown}"
 
 
 # -- variables ------------------------------------------------------------------------------------
