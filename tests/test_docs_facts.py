@@ -45,6 +45,9 @@ CODE_NAME = re.compile(r"`((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*)(?:\(\))?`")
 FILE_SUFFIXES = {"py", "md", "txt", "json", "sh", "toml", "png"}
 
 
+UNIMPORTABLE: set[str] = set()  # modules of ours that need what is not installed here (torch, accelerate)
+
+
 @cache
 def our_modules() -> dict[str, ModuleType]:
     """Every importable module of the package by full name (torch's flavour only where torch is)."""
@@ -54,8 +57,8 @@ def our_modules() -> dict[str, ModuleType]:
             continue
         try:
             found[info.name] = importlib.import_module(info.name)
-        except ImportError:
-            continue
+        except ImportError:  # its optional dependency is missing here
+            UNIMPORTABLE.add(info.name)
     return found
 
 
@@ -99,6 +102,8 @@ def resolves(name: str) -> bool | None:
     if parts[-1] in FILE_SUFFIXES or name in NOT_IMPORTABLE:
         return None
     modules, classes = our_modules(), our_classes()
+    if any(name == m or name.startswith(m + ".") for m in UNIMPORTABLE):
+        return None
     if parts[0] == "shmloader":
         for cut in range(len(parts), 0, -1):
             if ".".join(parts[:cut]) in modules:
