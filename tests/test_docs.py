@@ -8,7 +8,8 @@ is skipped. Tracebacks name the markdown file and its line numbers.
 What the docs name as evidence or as the command behind a figure must exist too: every path under
 tests/, benchmarks/, stress/, examples/, shmloader/ and docs/ (and a ``tests/x.py::test_name``'s
 test), every bare ``test_*.py``, and every option given to a ``python benchmarks/*.py`` or
-``python -m shmloader ...`` command (checked against that command's ``--help``)."""
+``python -m shmloader ...`` or ``stress/*.py`` command (checked against that command's ``--help``;
+a stress script may be named bare, ``kill_workers.py --seconds 120``, as the tables of runs do)."""
 
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ PATH = re.compile(r"(?<![\w/.-])((?:tests|benchmarks|stress|examples|shmloader|d
 SUBPACKAGE = re.compile(r"(?<![\w/.-])((?:engine|transport|gpu|collate|worker|cli|builtin)/\w+\.py)")
 BARE_TEST = re.compile(r"(?<![\w/.-])(test_\w+\.py)")
 LINK = re.compile(r"\]\(([^)#\s:]+)(?:#[^)]*)?\)")
-COMMAND = re.compile(r"python3? (benchmarks/\w+\.py|-m shmloader(?: (?:bench|doctor|config))?)([^`;#|)>]*)")
+COMMAND = re.compile(r"python3? (benchmarks/\w+\.py|stress/\w+\.py|-m shmloader(?: (?:bench|doctor|config))?)([^`;#|)>]*)")
+BARE_SCRIPT = re.compile(r"(?<![\w/.-])(\w+\.py)([^`;#|)>]*)")
 OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*")
 
 
@@ -131,6 +133,9 @@ def named_options(text: str) -> set[tuple[str, str]]:
             if command == "-m shmloader bench" and "--train" in options:
                 command = "-m shmloader bench --train"
             found |= {(command, option) for option in options}
+        for match in BARE_SCRIPT.finditer(line):
+            if (REPO / "stress" / match.group(1)).is_file():
+                found |= {(f"stress/{match.group(1)}", option) for option in OPTION.findall(match.group(2))}
     return found
 
 
@@ -164,6 +169,7 @@ def test_every_option_of_a_documented_command_exists() -> None:
         for command, option in named_options(doc.read_text(encoding="utf-8")):
             wanted.setdefault(command, set()).add(option)
     assert "-m shmloader bench" in wanted and any(c.startswith("benchmarks/") for c in wanted)
+    assert {"stress/kill_workers.py", "stress/soak.py", "stress/resume.py"} <= set(wanted)
     unknown = [f"python {command} {option}" for command, options in sorted(wanted.items())
                for option in sorted(options - set(OPTION.findall(_help(command))))]
     assert not unknown, "options the docs give that the command does not have:\n" + "\n".join(unknown)
@@ -172,9 +178,12 @@ def test_every_option_of_a_documented_command_exists() -> None:
 def test_the_name_collectors_see_what_they_should(tmp_path: Path) -> None:
     text = ("See tests/test_x.py::test_y, `benchmarks/ab.py`. and test_z.py; not stress/ alone; `engine/wait.py`.\n"
             "`python -m shmloader bench --train --steps 3` and `python benchmarks/ab.py HEAD --rounds 9 # --no`\n"
-            "| `python -m shmloader bench --workers 0,2 > out.json --not-this` |")
+            "| `python -m shmloader bench --workers 0,2 > out.json --not-this` |\n"
+            "| `kill_workers.py --seconds 120 --seed 0` (2 workers) | `python stress/soak.py --epochs 9`, `other.py --no` |")
     assert named_paths(text) == {("tests/test_x.py", "test_y"), ("benchmarks/ab.py", None), ("tests/test_z.py", None),
-                                 ("shmloader/engine/wait.py", None)}
+                                 ("shmloader/engine/wait.py", None), ("stress/soak.py", None)}
     assert LINK.findall("[a](design/x.md), [b](x.md#part), [c](https://e.org/y)") == ["design/x.md", "x.md"]
     assert named_options(text) == {("-m shmloader bench --train", "--train"), ("-m shmloader bench --train", "--steps"),
-                                   ("benchmarks/ab.py", "--rounds"), ("-m shmloader bench", "--workers")}
+                                   ("benchmarks/ab.py", "--rounds"), ("-m shmloader bench", "--workers"),
+                                   ("stress/kill_workers.py", "--seconds"), ("stress/kill_workers.py", "--seed"),
+                                   ("stress/soak.py", "--epochs")}
