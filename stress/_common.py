@@ -118,11 +118,14 @@ def worker_pids() -> list[int]:
 
 
 def leftovers(shm_dir: str = "/dev/shm") -> list[str]:
-    """Child processes (multiprocessing's resource tracker aside) and segments of ours still present."""
+    """Child processes and segments of ours still present. Multiprocessing's resource tracker and
+    forkserver (started once, they live as long as this process) are not leftovers."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+            cmd = " ".join(p.cmdline())
+            ours = "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == os.getpid())
+            if ours and p.status() != psutil.STATUS_ZOMBIE:
                 continue
             found.append(f"process {p.pid} ({p.status()})")
         except psutil.NoSuchProcess:

@@ -84,17 +84,25 @@ class RecoverDeaths:
         self._restarts += 1
         fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
                                                                          starting=starting, exitcode=exitcode)
-        # an iterable worker whose share had ended holds no position in the stream: replaceable,
-        # unless it kept a batch for a slot still growing (its successor's stream starts afresh);
-        # nor does one that had read nothing of this epoch: its successor reads its share from the start
-        unbegun = before_epoch or starting or w.id in self._unbegun
-        lost_position = self._iterable and not unbegun and (not w.exhausted or bool(kept))
+        lost_position = self._loses_position(w, before_epoch)
         self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
                                          start_method=self._plan.context.get_start_method())
         if self._fault is None:
             self._restart(w)
+
+    def _loses_position(self, w: WorkerHandle, before_epoch: bool = False) -> bool:
+        """Whether ending ``w`` now (a death, or a kill for a hang) loses samples of an iterable
+        dataset's stream, so that no successor can take its place. An iterable worker whose share
+        had ended holds no position: replaceable, unless it kept a batch for a slot still growing
+        (its successor's stream starts afresh); nor does one that had read nothing of this epoch
+        (still starting, or not past the epoch's ``Reset``): its successor reads its share from the
+        start. ``before_epoch``: as ``_on_death``'s."""
+        if not self._iterable:
+            return False
+        unbegun = before_epoch or not w.ready or w.id in self._unbegun
+        return not unbegun and (not w.exhausted or bool(self._kept_by(w)))
 
     def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
         """This epoch's tasks of ``w`` waiting for their slot to grow: ``w`` keeps each one's batch

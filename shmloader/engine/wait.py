@@ -348,10 +348,13 @@ class WaitAndRecover(RecoverDeaths):
         rec = self._ledger.get(key)
         logger.warning("worker %d (pid %s) spent more than %s s on %s; killing it", w.id, w.pid, limit_s,
                        f"task {key[1]}" if w.ready else "start-up")
+        # an iterable worker that read nothing of its stream yet (starting, or hung in __iter__ at
+        # the epoch's Reset) loses no position: replaced under the restart policy, as its death is
+        lost_position = self._loses_position(w)
         w.signal(signal.SIGKILL)
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
-        if not self._policy.restart or self._iterable:
+        if not self._policy.restart or lost_position:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
-                                         starting=not w.ready, iterable=self._iterable,
+                                         starting=not w.ready, iterable=lost_position,
                                          abandoned=key[0] != self._epoch))
         self._on_death(w, cause=f"hung for more than {limit_s} s and was killed")

@@ -1,0 +1,376 @@
+"""Random combinations of options and faults, loader after loader; every batch exactly once.
+
+Each *life* builds a loader with options drawn at random: map-style or ``IterableDataset``,
+persistent workers or not, ``in_order``, 1 to ``--workers`` workers, ``prefetch_factor`` 1 or 2, a
+start method of ``--methods``, ``dispatch`` (map-style), ``task_seeding``, and how many batches the
+caller holds (0 to 3, checked again when let go, the last ones after ``close()``); it runs 1 to 4
+epochs, then is closed. Batches change length and size within an epoch (a burst of large ones
+amid small ones), so slots grow and then follow the batches down. Faults, all under
+``on_worker_death='restart'`` and ``task_timeout_s``:
+
+- map-style only: planted faults (``os._exit``, SIGSEGV, a hang) that fire the first time a worker
+  fetches a sample, outside SIGKILL/SIGSEGV/SIGSTOP after delivered batches, and a kill racing the
+  epoch's reset (sent from a thread a few milliseconds around ``iter(loader)``);
+- iterable only: a worker killed in ``__iter__`` (before it reads its stream), in any epoch;
+- both: a kill of an idle worker between epochs, and one racing ``close()``; a pass left early
+  by a ``break`` before the epoch's full pass;
+- an epoch may be cut (``state_dict`` mid-epoch, ``close()``, a fresh loader with other options that
+  ``load_state_dict``s it and finishes the epoch): the fresh loader keeps ``task_seeding`` and, for
+  an iterable dataset, the worker count and ``in_order``, as a resume requires (docs/resume.md).
+
+Every epoch's batches are compared by checksum with the batches due: the same sequence where every
+piece was in order, the same multiset otherwise. A lost, duplicated, reordered or corrupted batch,
+any loader error, a ``close()`` slower than ``--close-limit``, or a process or segment left after a
+life is a failure. Ends with one ``PASS ...`` line (exit 0) or ``FAIL ...`` line (exit 1).
+
+    python stress/combos.py --seconds 300 --seed 3
+    python stress/combos.py --seconds 120 --methods fork,spawn,forkserver
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+import _combos_data as d
+import _common as c
+import numpy as np
+import psutil
+
+from shmloader import DataLoader
+from shmloader.engine import faults, slot_size
+
+OUTSIDE = (signal.SIGKILL, signal.SIGSEGV, signal.SIGSTOP)
+OUTSIDE_WEIGHTS = (0.5, 0.35, 0.15)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="stop at the first life end after this (60)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", default="fork", help="start methods to draw from, comma-separated (fork)")
+    p.add_argument("--workers", type=int, default=2, help="at most this many workers (2)")
+    p.add_argument("--samples", type=int, default=384)
+    p.add_argument("--batch-size", type=int, default=8, help="batches are 1 to twice this long (8)")
+    p.add_argument("--kill-rate", type=float, default=0.15, help="chance of an outside kill after a batch")
+    p.add_argument("--fault-rate", type=float, default=0.004, help="chance that a map sample carries a fault")
+    p.add_argument("--hang-share", type=float, default=0.1)
+    p.add_argument("--event-rate", type=float, default=0.3,
+                   help="chance of each of: a kill at the reset, between epochs, during close(); a cut epoch")
+    p.add_argument("--iterable-share", type=float, default=0.35)
+    p.add_argument("--die-every", type=int, default=6, help="about one iterable worker in this many dies in __iter__")
+    p.add_argument("--task-timeout", type=float, default=0.25)
+    p.add_argument("--start-timeout", type=float, default=2.0,
+                   help="deadline of a worker's start-up (the library's floor is 30 s; see kill_workers.py)")
+    p.add_argument("--verbose", action="store_true", help="a line per epoch: its options, time and kills")
+    p.add_argument("--close-limit", type=float, default=20.0, help="seconds a close() may take")
+    return p.parse_args(argv)
+
+
+def live_workers() -> list[int]:
+    """Our workers' pids, read with psutil (which reaps nothing, so it may run beside the loader's own
+    reaping, from any thread): every descendant but the resource tracker and the forkserver."""
+    pids = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            if "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == os.getpid()):
+                continue
+        except psutil.Error:
+            continue
+        pids.append(p.pid)
+    return sorted(pids)
+
+
+def _pidfd(choice: float) -> int | None:
+    """A pidfd of the worker at ``choice`` (0 to 1) of those alive now, or None when there is none."""
+    pids = live_workers()
+    if not pids:
+        return None
+    try:
+        return os.pidfd_open(pids[int(choice * len(pids))])
+    except ProcessLookupError:
+        return None
+
+
+class Killer:
+    """Signals one of a snapshot of worker pids, through pidfds (never a reused pid), now or from a
+    thread after a short random delay; counts what it sent."""
+
+    def __init__(self, pick: random.Random, counts: Counter[str]) -> None:
+        self.pick, self.counts = pick, counts
+        self.thread: threading.Thread | None = None
+
+    def send(self, sigs: tuple[signal.Signals, ...], weights: tuple[float, ...], delay_s: float = -1.0,
+             snapshot_late: bool = False) -> None:
+        """Signal a worker now (``delay_s`` < 0) or after ``delay_s`` from a thread, picking among the
+        workers alive now or, with ``snapshot_late``, among those alive when the delay is over."""
+        self.join()
+        sig = self.pick.choices(sigs, weights)[0]
+        choice = self.pick.random()
+        fd = None if snapshot_late else _pidfd(choice)
+        if delay_s < 0:
+            self._fire(fd, choice, sig, 0.0)
+        elif snapshot_late or fd is not None:
+            self.thread = threading.Thread(target=self._fire, args=(fd, choice, sig, delay_s), daemon=True)
+            self.thread.start()
+
+    def _fire(self, fd: int | None, choice: float, sig: signal.Signals, delay_s: float) -> None:
+        if delay_s:
+            threading.Event().wait(delay_s)
+        fd = _pidfd(choice) if fd is None else fd
+        if fd is None:
+            return
+        try:
+            signal.pidfd_send_signal(fd, sig)
+            self.counts[sig.name] += 1
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join(10)
+            self.thread = None
+
+
+class Run:
+    """The whole run: lives, epochs, pieces, faults and tallies."""
+
+    def __init__(self, a: argparse.Namespace, markers: str) -> None:
+        self.a, self.markers = a, markers
+        self.rng = np.random.default_rng(a.seed)
+        self.pick = random.Random(a.seed)
+        self.sent: Counter[str] = Counter()
+        self.killer = Killer(self.pick, self.sent)
+        self.planted: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
+        self.lives = self.epochs = self.batches = self.deaths = 0
+        self.problems: list[str] = []
+        self.pending = -1
+        self.slowest_close = 0.0
+        self.keep = 0
+        self.held: deque[tuple[Any, int]] = deque()
+
+    def chance(self, p: float) -> bool:
+        return self.pick.random() < p
+
+    def options(self, iterable: bool) -> dict[str, Any]:
+        a = self.a
+        return dict(num_workers=self.pick.randint(1, a.workers), in_order=self.chance(0.6),
+                    persistent_workers=self.chance(0.5), prefetch_factor=self.pick.choice((1, 2)),
+                    multiprocessing_context=self.pick.choice(a.methods.split(",")), iterable=iterable,
+                    dispatch="round_robin" if iterable or self.chance(0.5) else "least_loaded",
+                    task_seeding=self.chance(0.5))
+
+    def build(self, o: dict[str, Any], sampler: c.PlannedBatches) -> DataLoader:
+        a = self.a
+        common = dict(num_workers=o["num_workers"], in_order=o["in_order"], prefetch_factor=o["prefetch_factor"],
+                      persistent_workers=o["persistent_workers"], multiprocessing_context=o["multiprocessing_context"],
+                      on_worker_death="restart", max_restarts=1_000_000, task_timeout_s=a.task_timeout,
+                      dispatch=o["dispatch"], task_seeding=o["task_seeding"])
+        if o["iterable"]:
+            return DataLoader(d.SizedStream(a.samples, a.batch_size, self.markers, a.die_every),
+                              batch_size=a.batch_size, **common)
+        return DataLoader(d.SizedFaulting(a.samples, self.markers), batch_sampler=sampler,
+                          max_task_attempts=2 * a.batch_size + 4, **common)
+
+    def life(self) -> None:
+        o = self.options(self.chance(self.a.iterable_share))
+        sampler = c.PlannedBatches()
+        self.keep = self.pick.randint(0, 3)  # batches the caller holds; they outlive close() too
+        loader = self.build(o, sampler)
+        try:
+            for _ in range(self.pick.randint(1, 4)):
+                loader = self.epoch(loader, o, sampler)
+                if self.problems:
+                    return
+                if self.chance(self.a.event_rate):
+                    self.events["between epochs"] += 1
+                    self.killer.send(OUTSIDE[:2], OUTSIDE_WEIGHTS[:2])
+        finally:
+            self.close(loader)
+            while self.held:
+                self.check_held(*self.held.popleft())
+        self.lives += 1
+        left = c.leftovers()
+        if left:
+            self.problems.append(f"life {self.lives}: left behind after close(): " + ", ".join(left))
+
+    def epoch(self, loader: DataLoader, o: dict[str, Any], sampler: c.PlannedBatches) -> DataLoader:
+        """One epoch, perhaps in two pieces; returns the loader that finished it."""
+        a = self.a
+        if o["iterable"]:
+            plan = d.stream_batches(a.samples, a.batch_size, o["num_workers"])
+            want = [d.expected_checksum(b, d.stream_level(b[0], a.batch_size * o["num_workers"])) for b in plan]
+        else:
+            hang_share = a.hang_share if a.task_timeout > 0 else 0.0  # no deadline: nothing would end a hang
+            plan, want, planted = d.plan_map_epoch(self.rng, a.samples, a.batch_size, self.epochs, a.fault_rate,
+                                                   hang_share)
+            sampler.plan = plan
+            self.planted.update(planted)
+        started = time.monotonic()
+        if self.chance(a.event_rate / 2):
+            self.abandon(loader, o, want)
+        cuttable = o["in_order"] or not o["iterable"]  # a stream delivered out of order cannot resume
+        cut = self.pick.randint(0, len(want)) if cuttable and self.chance(a.event_rate) else -1
+        got: list[int] = []
+        ordered = o["in_order"]
+        self.run_piece(loader, o, got, cut)
+        if cut >= 0:
+            self.events["cut epochs"] += 1
+            state = loader.state_dict()
+            self.close(loader)
+            kept = ("task_seeding", "num_workers", "in_order") if o["iterable"] else ("task_seeding",)
+            o.update(self.options(o["iterable"]) | {k: o[k] for k in kept})  # what a resume must keep
+            loader = self.build(o, sampler)
+            loader.load_state_dict(state)
+            ordered = ordered and o["in_order"]
+            self.run_piece(loader, o, got, -1)
+        self.compare(want, got, ordered)
+        if a.verbose:
+            print(f"epoch {self.epochs}: {time.monotonic() - started:.2f} s, cut at {cut}, {o}, "
+                  f"deaths {loader.stats()['worker_deaths']}, sent {dict(self.sent)}", flush=True)
+        self.epochs += 1
+        self.batches += len(got)
+        return loader
+
+    def abandon(self, loader: DataLoader, o: dict[str, Any], want: list[int]) -> None:
+        """Break out of a pass over the epoch after a random number of batches (the loop's own
+        ``break``), as a trainer leaving an epoch early; the next ``iter()`` starts it afresh."""
+        self.events["abandoned epochs"] += 1
+        got: list[int] = []
+        self.run_piece(loader, o, got, self.pick.randint(0, len(want) - 1))
+        fits = got == want[:len(got)] if o["in_order"] else not Counter(got) - Counter(want)
+        if not fits:
+            self.problems.append(f"life {self.lives} epoch {self.epochs}: the abandoned pass's {len(got)} batches "
+                                 f"are not batches due ({'in order' if o['in_order'] else 'any order'})")
+
+    def run_piece(self, loader: DataLoader, o: dict[str, Any], got: list[int], stop_at: int) -> None:
+        """Iterate ``loader`` into ``got`` until its epoch ends or ``got`` holds ``stop_at`` batches."""
+        if not o["iterable"] and self.chance(self.a.event_rate):
+            self.events["kills at the reset"] += 1
+            self.killer.send(OUTSIDE[:2], OUTSIDE_WEIGHTS[:2], self.pick.uniform(0.0, 0.004), snapshot_late=True)
+        begun = time.monotonic()
+        it = iter(loader)
+        if self.a.verbose and time.monotonic() - begun > 1.0:
+            print(f"  iter() took {time.monotonic() - begun:.1f} s; sent {dict(self.sent)}", flush=True)
+        self.pending = -1
+        if len(got) == stop_at:
+            return
+        last = time.monotonic()
+        for batch in it:
+            if self.a.verbose and time.monotonic() - last > 1.0:
+                print(f"  batch {len(got)} took {time.monotonic() - last:.1f} s; sent {dict(self.sent)}", flush=True)
+            got.append(c.checksum(batch))
+            self.hold(batch, got[-1])
+            del batch
+            if not o["iterable"]:
+                self.maybe_kill(loader)
+            if len(got) == stop_at:
+                break
+            last = time.monotonic()
+        self.killer.join()
+
+    def hold(self, batch: Any, checksum: int) -> None:
+        """Keep the last ``held`` batches alive, as a training step may; each must still hold its bytes
+        when it is let go (its slot was not written again meanwhile)."""
+        self.held.append((batch, checksum))
+        while len(self.held) > self.keep:
+            self.check_held(*self.held.popleft())
+
+    def check_held(self, batch: Any, checksum: int) -> None:
+        if c.checksum(batch) != checksum:
+            self.problems.append(f"life {self.lives}: a batch held by the caller changed under it")
+
+    def maybe_kill(self, loader: DataLoader) -> None:
+        deaths = int(loader.stats()["worker_deaths"])
+        if self.pending >= 0 and deaths <= self.pending:
+            return  # one outside fault at a time: the last one has not been noticed yet
+        self.pending = -1
+        if self.chance(self.a.kill_rate):
+            n = 3 if self.a.task_timeout > 0 else 2
+            self.killer.send(OUTSIDE[:n], OUTSIDE_WEIGHTS[:n])
+            self.pending = deaths
+
+    def close(self, loader: DataLoader) -> None:
+        self.deaths += int(loader.stats()["worker_deaths"])
+        if self.chance(self.a.event_rate):
+            self.events["kills during close()"] += 1
+            self.killer.send(OUTSIDE, (0.5, 0.4, 0.1), self.pick.uniform(0.0, 0.003))
+        started = time.monotonic()
+        loader.close()
+        took = time.monotonic() - started
+        self.killer.join()
+        self.slowest_close = max(self.slowest_close, took)
+        if took > 1.0:
+            print(f"life {self.lives}: close() took {took:.1f} s", flush=True)
+        if took > self.a.close_limit:
+            self.problems.append(f"life {self.lives}: close() took {took:.1f} s")
+
+    def compare(self, want: list[int], got: list[int], ordered: bool) -> None:
+        if (got == want) if ordered else (Counter(got) == Counter(want)):
+            return
+        lost, extra = Counter(want) - Counter(got), Counter(got) - Counter(want)
+        first = next((k for k, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want), len(got)))
+        self.problems.append(f"life {self.lives} epoch {self.epochs}: {len(got)} batches for {len(want)}, "
+                             f"{sum(lost.values())} lost, {sum(extra.values())} duplicated or corrupt, "
+                             f"{'in order' if ordered else 'any order'}, first difference at batch {first}")
+
+    def summary(self, elapsed_s: float) -> str:
+        def tally(counter: Counter[str]) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
+        return (f"combos: {self.lives} loaders, {self.epochs} epochs, {self.batches} batches exactly once; "
+                f"{self.deaths} worker deaths survived; outside {tally(self.sent)}; planted {tally(self.planted)}; "
+                f"events {tally(self.events)}; slowest close() {self.slowest_close:.1f} s; "
+                f"methods {self.a.methods}, seed {self.a.seed}, {elapsed_s:.1f} s")
+
+
+def count_slot_sizes(events: Counter[str]) -> None:
+    """Tally, in ``events``, each slot growth and each drop of the size tasks ask (main process)."""
+    grew, end = slot_size.SlotSize.grew_to, slot_size.SlotSize._end_block
+
+    def grew_to(self: slot_size.SlotSize, size: int, needed: int) -> None:
+        events["slot growths"] += 1
+        grew(self, size, needed)
+
+    def end_block(self: slot_size.SlotSize) -> None:
+        before = self.bytes
+        end(self)
+        events["slot size drops"] += self.bytes < before
+
+    slot_size.SlotSize.grew_to = grew_to  # type: ignore[method-assign]
+    slot_size.SlotSize._end_block = end_block  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse(argv)
+    c.ignore_sigpipe()
+    faults.START_TIMEOUT_FLOOR_S = a.start_timeout  # read by the main process's fault policy
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="combos_") as markers:
+        run = Run(a, markers)
+        count_slot_sizes(run.events)
+        try:
+            while not run.problems and (run.lives == 0 or time.monotonic() - started < a.seconds):
+                run.life()
+        except Exception as exc:  # any loader error is a failure of the run, reported in one line
+            run.problems.append(f"{type(exc).__name__} in life {run.lives} epoch {run.epochs}: "
+                                f"{' '.join(str(exc).split())[:600]}")
+        left = c.leftovers()
+    if left:
+        run.problems.append("left behind: " + ", ".join(left))
+    text = run.summary(time.monotonic() - started)
+    c.verdict(not run.problems, "; ".join(run.problems) + " -- " + text if run.problems else text)
+
+
+if __name__ == "__main__":
+    main()
