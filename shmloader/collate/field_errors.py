@@ -16,16 +16,36 @@ not a string.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from shmloader.collate.context import CollateContext
 
-__all__ = ["TORCH_ERRORS", "CollateShapeError", "name_field", "type_name"]
+__all__ = ["TORCH_ERRORS", "CollateShapeError", "name_field", "names_field", "type_name"]
 
 TORCH_ERRORS = (TypeError, ValueError, RuntimeError, NotImplementedError, OverflowError)
 """What torch's conversion of a field's samples raises (:class:`SlotFull` is none of them)."""
+
+
+R = TypeVar("R", bound=Callable[..., Any])
+
+
+def names_field(rule: R) -> R:
+    """``rule`` (a torch-mode leaf rule, which replays torch's own conversion), whose
+    ``TORCH_ERRORS`` name the field (:func:`name_field`). Leaf rules only: a container's rule would
+    cost a frame per nesting level (tests/test_collate_depth.py)."""
+
+    @functools.wraps(rule)
+    def named(batch: Sequence[Any], ctx: CollateContext) -> Any:
+        try:
+            return rule(batch, ctx)
+        except TORCH_ERRORS as error:  # torch's own checks and conversion: its error, and the field
+            name_field(error, batch, ctx)
+            raise
+
+    return cast(R, named)
 
 
 def name_field(error: BaseException, batch: Sequence[Any], ctx: CollateContext) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 
 from shmloader.caches import remember
 from shmloader.collate.context import Alloc, CollateContext
-from shmloader.collate.field_errors import TORCH_ERRORS, name_field, type_name
+from shmloader.collate.field_errors import names_field, type_name
 from shmloader.collate.rules import (
     _PY_NUMBERS,
     check_array_dtype,
@@ -150,6 +150,7 @@ def copy_into_alloc(tensor: Any, ctx: CollateContext) -> Any:
 # --------------------------------------------------------------------------------- tensors
 
 
+@names_field
 def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Tensors: ``torch.stack(batch, 0, out=...)`` into alloc, with torch's checks and errors.
 
@@ -157,15 +158,7 @@ def collate_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     torch-mode worker an AttributeError (``'numpy.ndarray' object has no attribute 'numel'``),
     elsewhere ``torch.stack``'s TypeError ("expected Tensor as element 1 ...").
     """
-    try:
-        return _stack_tensors(batch, ctx, _torch())
-    except TORCH_ERRORS as error:  # torch's own checks and stack: its error, and the field
-        name_field(error, batch, ctx)
-        raise
-
-
-def _stack_tensors(batch: Sequence[Any], ctx: CollateContext, torch: Any) -> Any:
-    """:func:`collate_tensors` without the field named in torch's errors."""
+    torch = _torch()
     elem = batch[0]
     _check_layout(elem, torch)
     try:
@@ -292,27 +285,24 @@ def _check_layout(elem: Any, torch: Any) -> None:
 # ---------------------------------------------------------------------- torch-mode numbers
 
 
+@names_field
 def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """numpy arrays in torch mode: one tensor (``torch.from_numpy`` of the stacked alloc array).
 
     An array with a negative stride (``a[::-1]``) gets torch's ValueError, as ``default_collate``
     gives it (``torch.as_tensor`` refuses such arrays); the numpy flavour still stacks them.
     """
-    try:
-        elem = batch[0]
-        check_array_dtype(elem, ctx)
-        if len(set(map(type, batch))) > 1:  # not all arrays: torch converts each with as_tensor
-            return _as_tensors(batch, ctx)
-        if any(min(sample.strides, default=0) < 0 for sample in batch):
-            return _as_tensors(batch, ctx)  # raises torch's own ValueError, for the first such sample
-        if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
-            # mixed dtypes follow torch's rule (collate_tensors); a refused dtype raises torch's own error
-            return _as_tensors(batch, ctx)
-        out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
-        return _from_numpy(stack_checked(batch, out, ctx), _torch())
-    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
-        name_field(error, batch, ctx)
-        raise
+    elem = batch[0]
+    check_array_dtype(elem, ctx)
+    if len(set(map(type, batch))) > 1:  # not all arrays: torch converts each with as_tensor
+        return _as_tensors(batch, ctx)
+    if any(min(sample.strides, default=0) < 0 for sample in batch):
+        return _as_tensors(batch, ctx)  # raises torch's own ValueError, for the first such sample
+    if len(set(map(_dtype, batch))) > 1 or torch_dtype_of(elem.dtype) is None:
+        # mixed dtypes follow torch's rule (collate_tensors); a refused dtype raises torch's own error
+        return _as_tensors(batch, ctx)
+    out = ctx.alloc((len(batch), *elem.shape), elem.dtype)
+    return _from_numpy(stack_checked(batch, out, ctx), _torch())
 
 
 def _as_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
@@ -320,16 +310,13 @@ def _as_tensors(batch: Sequence[Any], ctx: CollateContext) -> Any:
     return collate_tensors([torch.as_tensor(sample) for sample in batch], ctx)
 
 
+@names_field
 def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """numpy scalars in torch mode: ``torch.as_tensor(batch)``, written into alloc."""
-    try:
-        types = set(map(type, batch))
-        if len(types) == 1 and _scalar_type_ok(batch[0]):
-            return _torch().from_numpy(write_array(np.asarray(batch), ctx))
-        return copy_into_alloc(_torch().as_tensor(batch), ctx)
-    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
-        name_field(error, batch, ctx)
-        raise
+    types = set(map(type, batch))
+    if len(types) == 1 and _scalar_type_ok(batch[0]):
+        return _torch().from_numpy(write_array(np.asarray(batch), ctx))
+    return copy_into_alloc(_torch().as_tensor(batch), ctx)
 
 
 def _scalar_type_ok(elem: Any) -> bool:
@@ -346,34 +333,26 @@ def _scalar_type_ok(elem: Any) -> bool:
     return ok
 
 
+@names_field
 def collate_floats(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python floats in torch mode: ``torch.tensor(batch, dtype=torch.float64)``."""
-    try:
-        if set(map(type, batch)) <= _PY_NUMBERS:
-            out = ctx.alloc((len(batch),), _FLOAT64)
-            out[...] = batch
-            return _torch().from_numpy(out)
-        torch = _torch()
-        return copy_into_alloc(torch.tensor(batch, dtype=torch.float64), ctx)
-    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
-        name_field(error, batch, ctx)
-        raise
+    if set(map(type, batch)) <= _PY_NUMBERS:
+        out = ctx.alloc((len(batch),), _FLOAT64)
+        out[...] = batch
+        return _torch().from_numpy(out)
+    torch = _torch()
+    return copy_into_alloc(torch.tensor(batch, dtype=torch.float64), ctx)
 
 
+@names_field
 def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Python ints and bools in torch mode: ``torch.tensor(batch)`` (int64, or bool)."""
-    try:
-        if set(map(type, batch)) <= _PY_INTS:
-            try:
-                arr = np.asarray(batch)
-            except OverflowError:
-                arr = None
-            if arr is not None and (arr.dtype == _INT64 or arr.dtype == _BOOL):
-                return _torch().from_numpy(write_array(arr, ctx))
-        # floats mixed in, int subclasses, or values past int64: torch's inference and errors
-        return copy_into_alloc(_torch().tensor(batch), ctx)
-
-
-    except TORCH_ERRORS as error:  # torch's own conversion: its error, and the field
-        name_field(error, batch, ctx)
-        raise
+    if set(map(type, batch)) <= _PY_INTS:
+        try:
+            arr = np.asarray(batch)
+        except OverflowError:
+            arr = None
+        if arr is not None and (arr.dtype == _INT64 or arr.dtype == _BOOL):
+            return _torch().from_numpy(write_array(arr, ctx))
+    # floats mixed in, int subclasses, or values past int64: torch's inference and errors
+    return copy_into_alloc(_torch().tensor(batch), ctx)
