@@ -292,14 +292,17 @@ class UnevenStream(IterableDataset):
 
 class HangsAt(FaultyDataset):
     """Sample ``at`` hangs in the worker, so the main process waits for that batch for ever (until
-    interrupted)."""
+    interrupted). With ``note_dir``, the worker first creates the file ``hung`` there (a test waits
+    for it: the worker is then inside the hang)."""
 
-    def __init__(self, n: int, at: int) -> None:
+    def __init__(self, n: int, at: int, note_dir: str | None = None) -> None:
         super().__init__(n)
-        self.at = at
+        self.at, self.note_dir = at, note_dir
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i == self.at and in_worker():
+            if self.note_dir is not None:
+                open(os.path.join(self.note_dir, "hung"), "w").close()
             threading.Event().wait()
         return sample(i)
 

@@ -286,7 +286,8 @@ def test_the_torch_flavour_refuses_negative_strides_as_torch_does(batch: list[An
         torch_data.default_collate(batch)
     with pytest.raises(type(expected.value)) as got:
         shmloader.torch.default_collate(batch)
-    assert str(got.value) == str(expected.value)
+    # torch's words first, then the field they are about (collate/field_errors.py)
+    assert str(got.value).startswith(str(expected.value)) and re.search(r"\(at batch(\[.*\])?\)$", str(got.value))
     assert "negative" in str(got.value)
     numpy_batch = shmloader.default_collate(batch)  # the numpy flavour keeps accepting them
     assert numpy_batch is not None

@@ -166,17 +166,22 @@ def test_the_trainers_sigterm_handler_never_runs_in_a_worker_stopped_at_shutdown
     """A forked worker inherited the trainer's SIGTERM handler: the SIGTERM that stops a busy
     worker at shutdown ran the trainer's code in the worker (a framework's handler signals the
     job's other processes), and the worker, still alive, held the shutdown up until SIGKILL."""
-    previous = signal.signal(signal.SIGTERM, NotesSigterm(str(tmp_path)))
+    notes, hung = tmp_path / "notes", tmp_path / "hung"
+    notes.mkdir()
+    hung.mkdir()
+    previous = signal.signal(signal.SIGTERM, NotesSigterm(str(notes)))
     try:
-        loader: DataLoader[Any] = DataLoader(fd.FaultyDataset(16, "getitem", "hang", at=4), batch_size=2, num_workers=1,
+        loader: DataLoader[Any] = DataLoader(fd.HangsAt(16, at=4, note_dir=str(hung)), batch_size=2, num_workers=1,
                                              multiprocessing_context="fork")
         it = mp_iter(iter(loader))
-        next(it), next(it)  # the worker now hangs on task 2 (sample 4): only a signal stops it
+        next(it), next(it)
+        # the worker hangs on task 2 (sample 4): only a signal stops it (else it could still see the stop flag)
+        assert until(lambda: os.path.exists(hung / "hung"), 20)
         handles = list(it._pool.workers)
         loader.close()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(notes) == []
     assert [h.process.exitcode for h in handles] == [-signal.SIGTERM]
     assert_clean()
 
