@@ -115,7 +115,8 @@ def known_variables() -> dict[str, str]:
 def resolve_config(explicit: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
     """Resolve every option as explicit argument > ``SHMLOADER_*`` variable > default.
 
-    ``explicit`` holds only the options the caller actually passed; ``environ`` defaults to
+    ``explicit`` holds only the options the caller actually passed (``None`` for one of shmloader's
+    own options counts as not passed: it is what their signature shows); ``environ`` defaults to
     ``os.environ`` read now. Raises ConfigError for a bad variable or a bad value of one of
     shmloader's own options, TypeError for a name that is not an option.
     """
@@ -146,7 +147,9 @@ def check_environment() -> Config:
 
 
 def _resolve_one(spec: Field, explicit: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Any, str]:
-    if spec.name in explicit:
+    # None for one of shmloader's own options (``check`` set) is its signature's default: unset, so a
+    # wrapper forwarding its own None defaults gets the variable or the default (tests/test_config_none.py)
+    if spec.name in explicit and not (explicit[spec.name] is None and spec.check is not None):
         return spec.from_argument(explicit[spec.name]), ARGUMENT
     if spec.env in env:
         return spec.from_env(env[spec.env]), ENVIRONMENT

@@ -256,7 +256,6 @@ BAD_ARGUMENTS = [
     ("shm_dir", 3, "shm_dir=3 is not a path"),
     ("sweep", 0, "sweep=0 is not a boolean"),
     ("on_worker_death", "ignore", "on_worker_death='ignore' is not a worker-death policy (expected one of raise, restart)"),
-    ("on_worker_death", None, "on_worker_death=None is not a string"),
     ("max_restarts", -2, "max_restarts=-2 is out of range"),
     ("max_task_attempts", 0, "max_task_attempts=0 is out of range (expected an integer >= 1)"),
     ("task_seeding", 1, "task_seeding=1 is not a boolean"),
