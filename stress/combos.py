@@ -18,6 +18,11 @@ amid small ones), so slots grow and then follow the batches down. Faults, all un
   ``load_state_dict``s it and finishes the epoch): the fresh loader keeps ``task_seeding`` and, for
   an iterable dataset, the worker count and ``in_order``, as a resume requires (docs/resume.md).
 
+A share of map-style lives (``--extra-share``) also draws the flavour (``shmloader.torch``), a
+``collate_fn`` returning dicts, ``batch_size=None`` with samples of varying sizes, a sampler driven
+by a generator, ``drop_last``, ``timeout``, ``pin_memory`` and ``worker_init_fn``; their batches must
+be a reference loader's, pass for pass (stress/_combos_extra.py).
+
 Every epoch's batches are compared by checksum with the batches due: the same sequence where every
 piece was in order, the same multiset otherwise. A lost, duplicated, reordered or corrupted batch,
 any loader error, a ``close()`` slower than ``--close-limit``, or a process or segment left after a
@@ -37,9 +42,11 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import _combos_data as d
+import _combos_extra as x
 import _common as c
 import numpy as np
 import psutil
@@ -65,6 +72,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--event-rate", type=float, default=0.3,
                    help="chance of each of: a kill at the reset, between epochs, during close(); a cut epoch")
     p.add_argument("--iterable-share", type=float, default=0.35)
+    p.add_argument("--extra-share", type=float, default=0.2,
+                   help="share of map-style lives drawing the other options too (stress/_combos_extra.py)")
     p.add_argument("--die-every", type=int, default=6, help="about one iterable worker in this many dies in __iter__")
     p.add_argument("--task-timeout", type=float, default=0.25)
     p.add_argument("--start-timeout", type=float, default=2.0,
@@ -159,13 +168,16 @@ class Run:
         self.slowest_close = 0.0
         self.keep = 0
         self.held: deque[tuple[Any, int]] = deque()
+        self.sum: Callable[[Any], int] = c.checksum  # the checksum of a batch, in this life
+        self.ref: Any = None  # an extra life's reference loader
 
     def chance(self, p: float) -> bool:
         return self.pick.random() < p
 
     def options(self, iterable: bool) -> dict[str, Any]:
         a = self.a
-        return dict(num_workers=self.pick.randint(1, a.workers), in_order=self.chance(0.6),
+        extra = {} if iterable or not self.chance(a.extra_share) else x.draw(self.pick, a.samples, a.batch_size)
+        return extra | dict(num_workers=self.pick.randint(1, a.workers), in_order=self.chance(0.6),
                     persistent_workers=self.chance(0.5), prefetch_factor=self.pick.choice((1, 2)),
                     multiprocessing_context=self.pick.choice(a.methods.split(",")), iterable=iterable,
                     dispatch="round_robin" if iterable or self.chance(0.5) else "least_loaded",
@@ -173,19 +185,26 @@ class Run:
 
     def build(self, o: dict[str, Any], sampler: c.PlannedBatches) -> DataLoader:
         a = self.a
+        x.fit(o)
         common = dict(num_workers=o["num_workers"], in_order=o["in_order"], prefetch_factor=o["prefetch_factor"],
                       persistent_workers=o["persistent_workers"], multiprocessing_context=o["multiprocessing_context"],
                       on_worker_death="restart", max_restarts=1_000_000, task_timeout_s=a.task_timeout,
                       dispatch=o["dispatch"], task_seeding=o["task_seeding"])
-        if o["iterable"]:
+        # a torch-flavour worker imports torch as it starts: seconds, under spawn on a loaded machine
+        faults.START_TIMEOUT_FLOOR_S = max(a.start_timeout, 30.0) if o.get("torch") else a.start_timeout
+        if o.get("extra"):
+            return x.build(o, common)
+        if o["iterable"]:  # a restarted worker dies in __iter__ again one time in die_every: room for a run of them
             return DataLoader(d.SizedStream(a.samples, a.batch_size, self.markers, a.die_every),
-                              batch_size=a.batch_size, **common)
+                              batch_size=a.batch_size, max_task_attempts=8, **common)
         return DataLoader(d.SizedFaulting(a.samples, self.markers), batch_sampler=sampler,
                           max_task_attempts=2 * a.batch_size + 4, **common)
 
     def life(self) -> None:
         o = self.options(self.chance(self.a.iterable_share))
         sampler = c.PlannedBatches()
+        self.sum, self.ref = (x.tree_checksum, x.reference(o)) if o.get("extra") else (c.checksum, None)
+        self.events.update(x.tally(o))
         self.keep = self.pick.randint(0, 3)  # batches the caller holds; they outlive close() too
         loader = self.build(o, sampler)
         try:
@@ -208,7 +227,9 @@ class Run:
     def epoch(self, loader: DataLoader, o: dict[str, Any], sampler: c.PlannedBatches) -> DataLoader:
         """One epoch, perhaps in two pieces; returns the loader that finished it."""
         a = self.a
-        if o["iterable"]:
+        if o.get("extra"):
+            want = x.next_pass(self.ref)
+        elif o["iterable"]:
             plan = d.stream_batches(a.samples, a.batch_size, o["num_workers"])
             want = [d.expected_checksum(b, d.stream_level(b[0], a.batch_size * o["num_workers"])) for b in plan]
         else:
@@ -218,8 +239,9 @@ class Run:
             sampler.plan = plan
             self.planted.update(planted)
         started = time.monotonic()
-        if self.chance(a.event_rate / 2):
+        if self.chance(a.event_rate / 2) and x.may_abandon(o):
             self.abandon(loader, o, want)
+            want = x.next_pass(self.ref) if o.get("extra") else want
         cuttable = o["in_order"] or not o["iterable"]  # a stream delivered out of order cannot resume
         cut = self.pick.randint(0, len(want)) if cuttable and self.chance(a.event_rate) else -1
         got: list[int] = []
@@ -230,7 +252,7 @@ class Run:
             state = loader.state_dict()
             self.close(loader)
             kept = ("task_seeding", "num_workers", "in_order") if o["iterable"] else ("task_seeding",)
-            o.update(self.options(o["iterable"]) | {k: o[k] for k in kept})  # what a resume must keep
+            o.update({k: v for k, v in self.options(o["iterable"]).items() if k not in x.KEPT} | {k: o[k] for k in kept})  # what a resume must keep
             loader = self.build(o, sampler)
             loader.load_state_dict(state)
             ordered = ordered and o["in_order"]
@@ -270,7 +292,7 @@ class Run:
         for batch in it:
             if self.a.verbose and time.monotonic() - last > 1.0:
                 print(f"  batch {len(got)} took {time.monotonic() - last:.1f} s; sent {dict(self.sent)}", flush=True)
-            got.append(c.checksum(batch))
+            got.append(self.sum(batch))
             self.hold(batch, got[-1])
             del batch
             if not o["iterable"]:
@@ -288,7 +310,7 @@ class Run:
             self.check_held(*self.held.popleft())
 
     def check_held(self, batch: Any, checksum: int) -> None:
-        if c.checksum(batch) != checksum:
+        if self.sum(batch) != checksum:
             self.problems.append(f"life {self.lives}: a batch held by the caller changed under it")
 
     def maybe_kill(self, loader: DataLoader) -> None:

@@ -88,7 +88,7 @@ class RecoverDeaths:
         self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
-                                         start_method=self._plan.context.get_start_method())
+                                         start_method=self._plan.context.get_start_method(), cause=cause)
         if self._fault is None:
             self._restart(w)
 

@@ -98,7 +98,7 @@ def count_start_failure(previous: int, *, starting: bool, exitcode: int | None) 
 
 def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable: bool, starting: bool,
                 worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
-                start_failures: int = 0, start_method: str = "fork") -> BaseException | None:
+                start_failures: int = 0, start_method: str = "fork", cause: str | None = None) -> BaseException | None:
     """The error a death becomes, or None when the worker is to be replaced and its tasks re-sent.
 
     ``restarts`` counts this epoch's deaths, this one included; ``streak`` is :func:`after_death`'s
@@ -106,7 +106,8 @@ def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable:
     ``start_failures`` is :func:`count_start_failure`'s count for this worker id. A worker that
     exited by itself while starting on two attempts in a row will not start on a third (a missing
     main guard under spawn, an import error, a dataset that cannot be unpickled): it is reported
-    at once, without suggesting a restart.
+    at once, without suggesting a restart. ``cause``: the loader's own words for a worker it killed
+    (:func:`hang_cause`), None for a death it did not cause.
     """
     if start_failures >= START_ATTEMPTS:
         return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=True,
@@ -115,7 +116,7 @@ def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable:
         return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=starting,
                     start_method=start_method)
     if restarts > policy.max_restarts:
-        return budget_spent(worker_id, pid, exitcode, tasks, policy.max_restarts, starting=starting)
+        return budget_spent(worker_id, pid, exitcode, tasks, policy.max_restarts, starting=starting, cause=cause)
     if starting or streak.key is None or len(streak.deaths) < policy.max_task_attempts:
         return None
     task = streak.key[1]
@@ -214,11 +215,23 @@ def _start_advice(start_method: str, exitcode: int | None) -> list[str]:
     return advice
 
 
+def hang_cause(limit_s: float, starting: bool) -> str:
+    """How a worker the loader killed for passing its deadline ended, naming that deadline."""
+    deadline = (f"the start-up deadline, max(task_timeout_s, {START_TIMEOUT_FLOOR_S})" if starting
+                else "task_timeout_s")
+    return f"hung for more than {limit_s} s ({deadline}) and was killed"
+
+
 def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks,
-                 max_restarts: int, *, starting: bool = False) -> RestartBudgetExceeded:
-    msg = (f"DataLoader worker {worker_id} (pid {pid}) exited unexpectedly with {describe_exit(exitcode)} "
-           f"{_held(tasks, starting)}, and the restart budget of max_restarts={max_restarts} restarts this "
-           "epoch is spent. Raise max_restarts (SHMLOADER_MAX_RESTARTS) or find what kills workers.")
+                 max_restarts: int, *, starting: bool = False, cause: str | None = None) -> RestartBudgetExceeded:
+    """The restart budget spent by this death; ``cause``: the loader's kill for a hang (``hang_cause``),
+    which the message names instead of the signal, with the deadline to raise."""
+    how = cause or f"exited unexpectedly with {describe_exit(exitcode)}"
+    advice = ("or task_timeout_s (SHMLOADER_TASK_TIMEOUT_S), or find why it hangs" if cause
+              else "or find what kills workers")
+    msg = (f"DataLoader worker {worker_id} (pid {pid}) {how} {_held(tasks, starting)}, and the restart budget "
+           f"of max_restarts={max_restarts} restarts this epoch is spent. Raise max_restarts "
+           f"(SHMLOADER_MAX_RESTARTS) {advice}.")
     return RestartBudgetExceeded(msg, worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
 
 

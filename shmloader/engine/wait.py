@@ -357,4 +357,4 @@ class WaitAndRecover(RecoverDeaths):
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
                                          starting=not w.ready, iterable=lost_position,
                                          abandoned=key[0] != self._epoch))
-        self._on_death(w, cause=f"hung for more than {limit_s} s and was killed")
+        self._on_death(w, cause=faults.hang_cause(limit_s, starting=not w.ready))

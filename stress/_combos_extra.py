@@ -1,0 +1,194 @@
+"""The options stress/combos.py's main lives leave out, drawn for a share of its lives (``--extra-share``).
+
+Runs in the script's main process and (the dataset, ``collate_fn`` and ``worker_init_fn``) in its
+workers. An *extra* life is map-style and draws, besides the main lives' options: the flavour
+(``shmloader.DataLoader`` or ``shmloader.torch.DataLoader``), ``batch_size`` (None: each sample is
+delivered alone, and samples vary in size), ``collate_fn`` (default or one returning a dict of
+concatenated arrays, which takes samples of varying sizes), the sampler (sequential, ``shuffle``
+with a generator, or a ``RandomSampler`` with its own generator, perhaps with replacement),
+``drop_last``, ``timeout``, ``pin_memory`` and ``worker_init_fn``.
+
+Promises: the batches each pass must yield come from a *reference* loader iterated in step (torch's
+own ``DataLoader`` for the torch flavour, ``shmloader.DataLoader`` without workers for the numpy
+one), built with the same dataset, sampler, generator seed and collate; a batch is compared by a
+checksum of its whole tree (container types, keys, dtypes, shapes and bytes), so a wrong type, a
+lost key or a batch out of the generator's order is a difference. A cut epoch's fresh loader gets a
+fresh generator of the same seed and must continue from the state it loads, as if never cut.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+import zlib
+from typing import Any
+
+import _combos_data as d
+import numpy as np
+
+import shmloader
+from shmloader import get_worker_info
+from shmloader.samplers import RandomSampler
+
+# the warning pin_memory=True gives without an accelerator (docs/gpu.md), once per loader
+warnings.filterwarnings("ignore", message=".*pin_memory.*")
+
+
+class ExtraSet:
+    """``n`` samples, each a dict of its number and its data: at ``level`` (0 to 3) when it is one
+    for the whole dataset, else at a level that varies with the number (``level`` -1)."""
+
+    def __init__(self, n: int, level: int) -> None:
+        self.n, self.level = n, level
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        level = self.level if self.level >= 0 else (i * 5) % len(d.LEVELS)
+        return {"i": i, "x": d.sample(i, level)}
+
+
+def dict_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A batch of samples of any sizes: their data end to end, their numbers, how many."""
+    return {"x": np.concatenate([s["x"] for s in samples]), "i": np.array([s["i"] for s in samples]),
+            "n": len(samples)}
+
+
+def check_worker(worker_id: int) -> None:
+    """``worker_init_fn``: the id it is given is the worker's own."""
+    info = get_worker_info()
+    if info is None or info.id != worker_id:
+        raise RuntimeError(f"worker_init_fn got {worker_id}, get_worker_info() says {info}")
+
+
+def tree_checksum(obj: Any) -> int:
+    """A checksum of a batch's whole tree: containers' types and keys, arrays' and tensors' types,
+    dtypes, shapes and bytes, scalars' types and values."""
+    parts: list[bytes] = []
+    _walk(obj, parts)
+    return zlib.crc32(b"".join(parts))
+
+
+def _walk(obj: Any, parts: list[bytes]) -> None:
+    parts.append(type(obj).__name__.encode() + b":")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            parts.append(repr(k).encode())
+            _walk(v, parts)
+    elif isinstance(obj, (list, tuple)):
+        parts.append(str(len(obj)).encode())
+        for v in obj:
+            _walk(v, parts)
+    elif isinstance(obj, np.ndarray):
+        parts += [obj.dtype.str.encode(), repr(obj.shape).encode(), np.ascontiguousarray(obj).tobytes()]
+    elif type(obj).__name__ == "Tensor":
+        parts += [str(obj.dtype).encode(), repr(tuple(obj.shape)).encode(), obj.contiguous().numpy().tobytes()]
+    else:
+        parts.append(repr(obj).encode())
+
+
+# what a life draws here: kept when a cut epoch's fresh loader draws the main lives' options anew
+KEPT = ("extra", "torch", "batch_size", "collate", "level", "n", "sampler", "seed", "numpy_generator", "drop_last",
+        "timeout", "pin_memory", "init", "collate_threads")
+
+
+def draw(pick: random.Random, samples: int, batch_size: int) -> dict[str, Any]:
+    """The extra options of one life; unbatched, fewer samples (each is a batch, which an outside
+    kill may follow)."""
+    unbatched = pick.random() < 0.25
+    collate = "default" if unbatched else pick.choice(("default", "dict"))
+    varied = unbatched or collate == "dict"
+    return dict(extra=True, torch=pick.random() < 0.5, batch_size=None if unbatched else pick.randint(1, 2 * batch_size),
+                collate=collate, level=-1 if varied else pick.randint(0, 3),
+                n=pick.randint(samples // 8, samples // 4) if unbatched else pick.randint(samples // 4, samples),
+                sampler=pick.choice(("sequential", "shuffle", "random", "replacement")), seed=pick.randrange(2**31),
+                numpy_generator=pick.random() < 0.5, drop_last=pick.random() < 0.3,
+                timeout=pick.choice((0, 0, 20, 60)), pin_memory=pick.random() < 0.3, init=pick.random() < 0.5,
+                collate_threads=pick.choice((None, 2)))
+
+
+def _generator(o: dict[str, Any]) -> Any:
+    if o["torch"]:
+        import torch
+        return torch.Generator().manual_seed(o["seed"])
+    return np.random.default_rng(o["seed"]) if o["numpy_generator"] else o["seed"]
+
+
+def _sampling(o: dict[str, Any], dataset: ExtraSet, generator: Any) -> dict[str, Any]:
+    """``shuffle``/``sampler``/``generator`` arguments: the generator goes to the loader (shuffle) or
+    to a ``RandomSampler`` of the flavour's kind."""
+    kind = o["sampler"]
+    if kind == "sequential":
+        return {}
+    if kind == "shuffle":
+        return dict(shuffle=True, generator=generator)
+    if o["torch"]:
+        from torch.utils.data import RandomSampler as TorchRandomSampler
+        cls: Any = TorchRandomSampler
+    else:
+        cls = RandomSampler
+    extra = dict(replacement=True, num_samples=len(dataset) + 5) if kind == "replacement" else {}
+    return dict(sampler=cls(dataset, generator=generator, **extra))
+
+
+def _common(o: dict[str, Any], dataset: ExtraSet) -> dict[str, Any]:
+    """What the tested loader and its reference share."""
+    kw: dict[str, Any] = dict(batch_size=o["batch_size"], drop_last=o["drop_last"] and o["batch_size"] is not None)
+    if o["collate"] == "dict":
+        kw["collate_fn"] = dict_collate
+    return kw | _sampling(o, dataset, _generator(o))
+
+
+def build(o: dict[str, Any], common: dict[str, Any]) -> Any:
+    """The tested loader: the main lives' options (``common``, from combos.py) and the extra ones."""
+    dataset = ExtraSet(o["n"], o["level"])
+    kw = _common(o, dataset) | dict(timeout=o["timeout"], pin_memory=o["pin_memory"])
+    if o["init"]:
+        kw["worker_init_fn"] = check_worker
+    if o["torch"]:
+        from shmloader.torch import DataLoader as TorchFlavour
+        cls: Any = TorchFlavour
+    else:
+        cls = shmloader.DataLoader
+    return cls(dataset, **kw, **common)
+
+
+def reference(o: dict[str, Any]) -> Any:
+    """The loader whose passes the tested one must match, pass for pass: torch's own for the torch
+    flavour, shmloader's without workers for the numpy one."""
+    dataset = ExtraSet(o["n"], o["level"])
+    if o["torch"]:
+        import torch.utils.data
+        return torch.utils.data.DataLoader(dataset, **_common(o, dataset))  # type: ignore[arg-type]
+    threads = {} if o["collate_threads"] is None else {"collate_threads": o["collate_threads"]}
+    return shmloader.DataLoader(dataset, **threads, **_common(o, dataset))  # type: ignore[arg-type]
+
+
+def tally(o: dict[str, Any]) -> dict[str, int]:
+    """What this life covers, for the run's final counts (none for a main life)."""
+    if not o.get("extra"):
+        return {}
+    return {"extra lives": 1, "torch flavour": o["torch"], "unbatched": o["batch_size"] is None,
+            "dict collate": o["collate"] == "dict", "generator order": o["sampler"] != "sequential",
+            "timeout": o["timeout"] > 0, "pin_memory": o["pin_memory"]}
+
+
+def fit(o: dict[str, Any]) -> None:
+    """Make ``o`` one the reference can follow: where the loader's generator draws the order
+    (``shuffle``), workers are not persistent, since a persistent loader, as torch's, draws no base
+    seed from it at a later epoch's ``iter()`` and a loader without workers does."""
+    if o.get("extra") and o["sampler"] == "shuffle":
+        o["persistent_workers"] = False
+
+
+def may_abandon(o: dict[str, Any]) -> bool:
+    """Whether a pass of this life may be left early: not where a generator draws the order, as how
+    far a left pass drew from it depends on how far the loader read ahead (a torch ``RandomSampler``
+    draws once more at its end), which the reference cannot follow."""
+    return not o.get("extra") or o["sampler"] == "sequential"
+
+
+def next_pass(ref: Any) -> list[int]:
+    """The checksums of the reference's next full pass."""
+    return [tree_checksum(b) for b in ref]
