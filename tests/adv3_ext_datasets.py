@@ -34,17 +34,17 @@ class Pids:
 
 
 class Growing:
-    """Sample ``i`` holds ``16 + (i // 4) * step`` float64 values: with batches of 4 each batch
-    outgrows the last, so the ring grows mid-epoch."""
+    """Sample ``i`` holds ``16 + max(0, i // 4 - flat) * step`` float64 values: with batches of 4,
+    after the first ``flat`` + 1 each batch outgrows the last, so the ring grows mid-epoch."""
 
-    def __init__(self, n: int, step: int) -> None:
-        self.n, self.step = n, step
+    def __init__(self, n: int, step: int, flat: int = 0) -> None:
+        self.n, self.step, self.flat = n, step, flat
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return np.full(16 + (i // 4) * self.step, float(i))
+        return np.full(16 + max(0, i // 4 - self.flat) * self.step, float(i))
 
 
 class HangsIgnoringSigterm(Pids):
