@@ -10,7 +10,8 @@ error is raised kept its workers, pipes and segments until a collection (``frame
 help: a cleared frame still holds its caller).
 
 Also here: :func:`call_each`, which keeps the first error of a series of calls (every iterator
-to close, every device copy to wait for) and raises it once all were made.
+to close, every device copy to wait for) and raises it once all were made, and :func:`note`, which
+adds a note to an error on every Python we support.
 """
 
 from __future__ import annotations

@@ -321,8 +321,9 @@ class WorkerPool:
 
     def shutdown(self, grace_s: float = _JOIN_TIMEOUT_S) -> None:
         """Stop every worker: stop flag, polite message (and SIGCONT, for a worker stopped from
-        outside, which could not read either), join within ``grace_s``, then terminate and kill. From the first step no worker starts a task: each finishes the one it runs and
-        drops its queue, so the join waits for one task at most (torch's ``done_event``).
+        outside, which could not read either), join within ``grace_s``, then terminate and kill.
+        From the first step no worker starts a task: each finishes the one it runs and drops its
+        queue, so the join waits for one task at most (torch's ``done_event``).
 
         A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
         """

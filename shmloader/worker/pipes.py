@@ -8,7 +8,7 @@ saying nothing; one that then opened files onto those numbers had the worker wri
 into the dataset's own file (tests/test_adv3_ext_fds.py). Promises: ``check`` ends the worker
 with ``LOST_PIPE_EXIT`` and one line on stderr naming the worker, its pid and the descriptor, as
 soon as either descriptor no longer names its pipe. Before each reply only the reply pipe is
-checked (one ``fstat``, about 1 µs): a reply written onto a reused number is what would corrupt a
+checked (one ``fstat``, about 2 µs): a reply written onto a reused number is what would corrupt a
 file of the user's; a task pipe taken away is met by the read (``check`` when it fails or is quiet).
 """
 
