@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import psutil
+from process_helpers import until
 
 import shmloader
 
@@ -108,12 +109,8 @@ def run_script(body: str, tmp: pathlib.Path, timeout_s: float = 60.0, env: dict[
 
 def _alive_after(pids: list[int]) -> list[int]:
     """Those of ``pids`` still running once ``CHILD_GRACE_S`` has passed (polled: they act on their own)."""
-    deadline = time.monotonic() + CHILD_GRACE_S
-    while True:
-        alive = [p for p in pids if _running(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
+    until(lambda: not any(_running(p) for p in pids), CHILD_GRACE_S)
+    return [p for p in pids if _running(p)]
 
 
 def _running(pid: int) -> bool:

@@ -10,14 +10,9 @@ import os
 import threading
 
 import numpy as np
-
-from shmloader import get_worker_info
+from fault_datasets import in_worker
 
 N = 16
-
-
-def in_worker() -> bool:
-    return get_worker_info() is not None
 
 
 class Pids:

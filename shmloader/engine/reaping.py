@@ -73,10 +73,8 @@ def reap(w: WorkerHandle, escalated: bool = False) -> None:
     SIGKILL does not end within ``KILLED_JOIN_S`` is named in a warning and left to exit when the
     kernel lets it (multiprocessing reaps it then); its pipes are closed all the same.
     ``escalated``: ``escalate`` has already run for this worker (``reap_all``)."""
-    if w.stop is not None:
-        w.stop.set()  # a worker that outlives SIGTERM (a handler of the user's) starts no task meanwhile
     if not escalated:
-        escalate([w])
+        escalate([w])  # sets the stop flag first: a worker that outlives SIGTERM starts no task meanwhile
     p = w.process
     if not w.running:
         p.join()  # reaps it (at once: it has exited); a no-op where SIGCHLD is ignored
