@@ -1,7 +1,7 @@
 """Errors kept on an object to be raised later, without a reference cycle through their traceback.
 
 The iterators keep some errors for later so that what came before them is handed out first (an
-observer's error until the next ``next()``, a refused growth until the next wait, the batch
+observer's error until the next ``next()``, a refused growth until its task is due, the batch
 ``to_device`` read ahead). A traceback holds every frame the error passed through; each frame,
 once finished, holds its caller's frame (``f_back``) up to the loader's ``next()``, and those hold
 their locals, the keeper among them. Kept as it is, the error makes a cycle (keeper -> error ->

@@ -26,10 +26,29 @@ from operator import attrgetter
 
 from shmloader.engine.ledger import Ledger, TaskRecord
 
-__all__ = ["CHUNK_BYTES", "Growths"]
+__all__ = ["CHUNK_BYTES", "Growths", "Refused"]
 
 CHUNK_BYTES = 2 << 20  # about half a millisecond of posix_fallocate on tmpfs: the longest a due batch waits
 _by_key = attrgetter("key")
+
+
+class Refused:
+    """A task whose slot could not grow (no room in the shm directory): its outcome in the reorder
+    buffer, its error raised in place of its batch when it is due. It breaks the loader, but only
+    then: the batches due before it, some still in flight when it was refused, come first."""
+
+    __slots__ = ("_error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self._error: BaseException | None = error
+
+    def take(self) -> BaseException:
+        """The error, once: this outcome holds it no more, so the frames its raise passes through,
+        which hold this outcome, do not make a cycle with it (shmloader/kept.py)."""
+        error, self._error = self._error, None
+        if error is None:
+            raise RuntimeError("a refused growth's error was taken twice")
+        return error
 
 
 class Growths:
@@ -47,12 +66,16 @@ class Growths:
     def step(self) -> TaskRecord | None:
         """Reserve the next part of the earliest task's slot; returns that task once its slot has
         its new size (it leaves this set: send it), else None. Raises ShmSpaceError when the
-        directory is full (the task stays here, its growth dropped)."""
+        directory is full (the task stays here, its growth dropped: take it out with ``refuse``)."""
         rec = self.waiting[0]
         if not self._ledger.reserve(rec, CHUNK_BYTES):
             return None
         del self.waiting[0]
         return rec
+
+    def refuse(self) -> TaskRecord:
+        """``step`` raised: the earliest task leaves this set, its growth dropped, its slot as it was."""
+        return self.waiting.pop(0)
 
     def abandon(self) -> list[TaskRecord]:
         """Drop every growth (an abandoned epoch); returns the tasks, each still holding its slot."""

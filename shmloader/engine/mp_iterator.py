@@ -36,7 +36,7 @@ from typing import Any
 
 from shmloader.engine import faults, live
 from shmloader.engine.dispatch import ROUND_ROBIN, Dispatcher
-from shmloader.engine.growth import Growths
+from shmloader.engine.growth import Growths, Refused
 from shmloader.engine.iterator import BaseIter, IterState
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.plan import Plan
@@ -305,6 +305,12 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         return batch
 
     def _deliver(self, rec: TaskRecord, msg: Any) -> Any:
+        if isinstance(msg, Refused):  # its slot could not grow: the loader breaks now that the task is due
+            error = msg.take()
+            try:
+                raise error
+            finally:
+                del error  # else this frame, in the error's traceback, holds it: a cycle only the collector frees
         if isinstance(msg, Failed):
             if msg.starting:  # the worker could not start: none of its tasks will be done, the iterator stops
                 raise self._worker_exception(msg, rec.worker_id, None)  # named as torch names it: no task

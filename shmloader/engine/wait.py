@@ -14,7 +14,8 @@ The named steps: ``wait`` → ``process`` (one reply) → ``on_death`` (decide: 
 ``restart`` or the fault raised at the next wait; ``on_quiet`` when the wait times out (``kill_hung`` or torch's
 timeout error); ``regrow`` (a ``TooSmall`` reply: the slot starts growing, ``engine.growth``) and
 ``grow`` (run instead of blocking while slots grow: their bytes reserved a part at a time, each
-task sent again once its slot is whole, stopping as soon as a reply waits).
+task sent again once its slot is whole, stopping as soon as a reply waits); a growth refused for
+lack of room is its task's outcome (``refused``), raised when the task is due.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from shmloader.engine import faults
 from shmloader.engine.caller import Caller
 from shmloader.engine.deaths import RecoverDeaths
-from shmloader.engine.growth import Growths
+from shmloader.engine.growth import Growths, Refused
 from shmloader.engine.ledger import Ledger, TaskRecord
 from shmloader.engine.reaping import join_killed
 from shmloader.engine.slot_size import SlotSize
@@ -278,21 +279,26 @@ class WaitAndRecover(RecoverDeaths):
     def _regrow(self, w: WorkerHandle, rec: TaskRecord, needed: int) -> None:
         """The batch did not fit: a larger slot for this task (and every later one), same worker.
 
-        The slot starts growing here; ``_grow`` reserves its bytes and sends the task again. When
-        there is no room the loader is broken, but as with a death the error is raised at the next
-        wait: batches finished before this one, read in the same wait, are handed out first
-        (tests/test_growth_deep.py). The task stays with its worker meanwhile, its slot unchanged.
+        The slot starts growing here; ``_grow`` reserves its bytes and sends the task again. The
+        task leaves its worker meanwhile, its slot unchanged. When there is no room, ``_refused``.
         """
         slot_bytes = self._slot_size.grown(needed)
+        w.pop(rec.key)
         try:
             self._plan.preflight(self._ring, slot_bytes, self._capacity() + CONSUMER_SLOTS)
             self._growths.start(rec, slot_bytes)
         except Exception as exc:  # no room
-            if self._fault is None:
-                self._fault = keep(exc)
+            self._refused(rec, exc)
             return
         self._slot_size.grew_to(slot_bytes, needed)
-        w.pop(rec.key)
+
+    def _refused(self, rec: TaskRecord, exc: BaseException) -> None:
+        """The task's slot cannot grow: the loader is broken, but the error is the task's outcome,
+        raised when the task is due (``Refused``), so every batch due before it is handed out
+        first, those still in flight too (tests/test_growth_refused_due.py, test_growth_deep.py).
+        Its slot goes back to the ring now."""
+        self._ledger.release(rec)
+        self._reorder.put(rec.task, (rec, Refused(keep(exc))))
 
     def _grow(self) -> None:
         """Reserve growing slots a part at a time, the earliest task first, and send each task
@@ -303,8 +309,9 @@ class WaitAndRecover(RecoverDeaths):
         while self._growths.waiting:
             try:
                 rec = self._growths.step()
-            except Exception as exc:  # no room after all: the loader is broken; shut it before raising
-                raise self._fail(exc)
+            except Exception as exc:  # no room after all
+                self._refused(self._growths.refuse(), exc)
+                continue
             if rec is not None:
                 self._flush_detach()
                 self._send(self._pool.workers[rec.worker_id], rec)
