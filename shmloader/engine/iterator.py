@@ -317,6 +317,7 @@ class SingleProcessIter(BaseIter):
             # a pinning failure: the batch's error, handed out in its place, so also counted
             # yielded (an iterable dataset's resume fast-forwards by that count)
             self._pending = None
+            note(exc, _where(pending, self._iterable))
             self._batch_failed(task, exc)
             raise
         return batch, (t1 - t0, t2 - t1, t2 - t0)
