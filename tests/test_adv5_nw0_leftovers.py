@@ -114,3 +114,18 @@ def test_a_failed_pin_copy_names_the_batch_and_its_samples(monkeypatch: pytest.M
         list(loader)
     assert getattr(info.value, "__notes__", None) == [
         "while loading batch 1 (sample indices [2..3]) in the main process (num_workers=0)"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_empty_batch_says_it_is_empty(workers: int) -> None:
+    """A batch sampler that yields an empty list: torch's bare IndexError('list index out of
+    range'), kept (class and args), with a note saying the batch had no sample."""
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(list(range(4)), batch_sampler=[[0, 1], []],
+                                                             num_workers=workers)
+    with pytest.raises(IndexError) as info:
+        list(loader)
+    if workers == 0:
+        assert info.value.args == ("list index out of range",)
+    if workers == 0 or sys.version_info >= (3, 11):
+        assert "the batch is empty" in _text(info.value)
