@@ -25,7 +25,8 @@ Promises:
   (:mod:`shmloader.collate.torch_map`);
 - each stack of numpy arrays is written by the ``stack`` passed in: one thread by default (workers),
   split over the threads of :mod:`shmloader.collate.threads` when large and ``num_workers=0``;
-- errors name the field (``batch['image'][0]``) and keep torch's type and wording;
+- errors name the field (``batch['image'][0]``) and keep torch's type and wording (an empty
+  batch: torch's IndexError, with a note saying so);
 - importing this module does not import torch.
 
 Sample-type semantics are in :mod:`shmloader.collate.rules` (numpy mode and containers) and
@@ -61,6 +62,7 @@ from shmloader.collate.rules import (
     rebuild_mapping,
     rebuild_sequence,
 )
+from shmloader.kept import note
 
 __all__ = [
     "Alloc",
@@ -237,7 +239,12 @@ def collate(
         if torch_map is not None:  # the user changed torch's default_collate_fn_map
             find = torch_map.finder(_MAP_LOOKUPS)
     ctx = CollateContext(alloc, to_torch, rules, find, stack or _rules.stack_into)
-    return find(type(batch[0]), rules, to_torch)(batch, ctx)
+    try:
+        first = batch[0]
+    except IndexError as error:  # torch's own IndexError, kept; a note says why
+        note(error, "(the batch is empty: no sample to collate; does the batch_sampler yield an empty list?)")
+        raise
+    return find(type(first), rules, to_torch)(batch, ctx)
 
 
 _MAP_LOOKUPS = _torch_map.Lookups(find_rule, find_custom_rule, builtin_rule_for, fallback_rule_for)

@@ -13,7 +13,9 @@ Promises:
   numbers of a batch, which numpy converts on the heap first (a few bytes per sample);
 - containers are rebuilt as torch rebuilds them (tuples become lists, mappings and mutable
   sequences are cloned, namedtuples keep their type), with each value collated exactly once;
-- errors keep torch's type and wording and add the field path (``batch['image'][0]``).
+- errors keep torch's type and wording and add the field path (``batch['image'][0]``); a sample
+  mapping that lacks a key entry 0 has raises torch's bare ``KeyError(key)``, with a note (not
+  its args, which stay torch's) naming the field and the entry.
 
 Every rule has the :class:`~shmloader.collate.CollateRule` signature ``rule(batch, ctx)``.
 """
@@ -30,6 +32,7 @@ import numpy as np
 
 from shmloader.collate.context import CollateContext
 from shmloader.collate.field_errors import CollateShapeError
+from shmloader.kept import note
 
 __all__ = [
     "CollateShapeError",
@@ -272,13 +275,30 @@ def collate_mappings(batch: Sequence[Any], ctx: CollateContext) -> Any:
     elem = batch[0]
     values = {}
     for key in elem:  # a loop, not a comprehension: one frame per level (ctx.enter)
-        samples = list(map(itemgetter(key), batch))
+        try:
+            samples = list(map(itemgetter(key), batch))
+        except KeyError as error:  # torch's bare KeyError(key), kept: a note names the field and entry
+            _name_missing_key(error, key, batch, ctx)
+            raise
         rule = ctx.enter(samples, f"[{key!r}]")
         try:
             values[key] = rule(samples, ctx)
         finally:
             ctx.leave()
     return rebuild_mapping(elem, values)
+
+
+def _name_missing_key(error: KeyError, key: Any, batch: Sequence[Any], ctx: CollateContext) -> None:
+    """Note on ``error`` the field and the first entry that lacks ``key``, which entry 0 has. Its
+    class and args stay torch's; a mapping that lists the key but raised for it gets no note."""
+    for index, sample in enumerate(batch):
+        try:
+            missing = key not in sample
+        except Exception:  # a mapping whose membership test fails: say nothing of it
+            return
+        if missing:
+            note(error, f"(at {ctx.path}[{key!r}]: entry {index} has no key {key!r}, which entry 0 has)")
+            return
 
 
 def rebuild_mapping(template: Mapping[Any, Any], values: dict[Any, Any]) -> Any:

@@ -12,28 +12,24 @@ caller's RNG states are put back). The multi-process iterator
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import random
-import sys
 import time
 import warnings
-from threading import get_ident
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import ThreadedStack, stack_for
 from shmloader.engine.caller import LOADER, Caller
+from shmloader.engine.pending import UNFETCHED, UNMADE, Pending, rng_states, seeded
 from shmloader.engine.plan import Plan
-from shmloader.engine.stepguard import reentry_error
+from shmloader.engine.stepguard import StepGuard
 from shmloader.errors import LoaderClosed, PluginError, format_indices
 from shmloader.kept import call_each, keep, note
 from shmloader.log import logger
 from shmloader.worker.main import make_fetcher, run_collate
-from shmloader.worker_info import generate_state, seed_rngs, task_seed
+from shmloader.worker_info import task_seed
 
 
 class IterState(enum.Enum):
@@ -222,8 +218,11 @@ class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
     ``collate_threads`` of ``collate.threads``, whose helpers end with the epoch), into ordinary
     memory (large arrays into buffers of the iterator's ``collate.heap_pool.HeapPool``, reused once
-    no batch refers to them). A ``next()`` inside its own ``next()`` (an observer's hook) is
-    refused, as the multi-process one refuses it."""
+    no batch refers to them). The thread inside ``next()`` owns it until that returns
+    (``engine.stepguard``), as it owns the multi-process one: ``next()`` from two threads run one
+    after the other; one inside its own ``next()`` (an observer's hook, the dataset) is refused; a
+    ``close()`` from another thread waits for it, and it raises ``LoaderClosed``, its batch not
+    handed out."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -232,23 +231,23 @@ class SingleProcessIter(BaseIter):
         # Large numpy stacks split over a few threads, as torch.stack does here (issue 16); workers don't.
         self._stack = stack_for(plan.config.collate_threads)
         self._pool = HeapPool()  # large batch buffers, reused once nothing refers to them
-        self._pending: _Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
-        self._stepping: int | None = None  # ident of the thread inside next(), if any
+        self._pending: Pending | None = None  # the task a KeyboardInterrupt/SystemExit cut short
+        self._guard = StepGuard(pipe=False)  # the thread inside next() owns this iterator
 
-    def _take_task(self) -> _Pending:
+    def _take_task(self) -> Pending:
         """The next task not delivered before a save, and its sampler item (StopIteration ends the epoch)."""
         while self._next_task in self._skip:  # resume: delivered before the save
             next(self._sampler_iter)
             self._next_task += 1
         index = next(self._sampler_iter)
         self._next_task += 1
-        return _Pending(self._next_task - 1, index)
+        return Pending(self._next_task - 1, index)
 
     def _next_data(self) -> Any:
-        # a next() inside this one (an observer's hook) would take the task in hand and hand its batch out twice
-        if self._stepping == get_ident():
-            raise reentry_error("next()")
-        self._stepping = get_ident()
+        # a next() inside this one, or in another thread, would take the task in hand and hand its batch out twice
+        return self._guard.step("next()", self._step, on_stop=self._close_owned)
+
+    def _step(self) -> Any:
         try:
             return self._fetch_next()
         except StopIteration:
@@ -258,10 +257,13 @@ class SingleProcessIter(BaseIter):
                 self._record.finished = True  # before the observers: a state they save is the next epoch's start
                 self._plan.events.epoch_end()
             raise
-        finally:
-            self._stepping = None
 
     def close(self) -> None:
+        """Stop; from another thread while a ``next()`` runs, once that ``next()`` has returned
+        (``stepguard.CLOSE_WAIT_S`` at most); from inside it, as it returns."""
+        self._guard.close(self._close_owned)
+
+    def _close_owned(self) -> None:
         super().close()
         self._release()
 
@@ -281,24 +283,26 @@ class SingleProcessIter(BaseIter):
         # SystemExit in the fetch, collate, pinning copy or an observer's report leaves it for the
         # next next(), as a worker's batch is (a batch made stays made: only its report is made again).
         self._pending = pending
-        if pending.batch is _UNMADE:
+        if pending.batch is UNMADE:
             pending.batch, pending.times = self._make(pending)
+        if self._guard.stop_requested:  # close() from another thread (or a signal handler) meanwhile
+            raise self._closed_error()  # not handed out, nor counted: the iterator closes as this returns
         # worker id -1: the main process itself; all of fetch + collate is time the consumer waited
         self._report_batch(pending.task, -1, 0, *pending.times)
         self._pending = None
         return pending.batch
 
-    def _make(self, pending: _Pending) -> tuple[Any, tuple[float, float, float]]:
+    def _make(self, pending: Pending) -> tuple[Any, tuple[float, float, float]]:
         """The pending task's batch, fetched, collated and (pin_memory) pinned, and its times (fetch,
         collate, both); its error is the batch's, raised in its place (``_batch_failed``)."""
         task, spec = pending.task, self._spec
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
-        with _seeded(seed, pending, self._iterable):
+        with seeded(seed, pending, self._iterable):
             try:
-                if pending.data is _UNFETCHED:
+                if pending.data is UNFETCHED:
                     pending.data = self._fetcher.fetch(pending.index)  # an iterable dataset may end here too
-                    pending.rngs = None if seed is None else _rng_states()  # a collate retry goes on from here
+                    pending.rngs = None if seed is None else rng_states()  # a collate retry goes on from here
                 t1 = time.perf_counter()
                 batch = run_collate(spec.collate_kind, spec.collate_fn, spec.to_torch, spec.collate_rules,
                                     pending.data, self._pool.alloc, self._stack)
@@ -317,79 +321,14 @@ class SingleProcessIter(BaseIter):
             # a pinning failure: the batch's error, handed out in its place, so also counted
             # yielded (an iterable dataset's resume fast-forwards by that count)
             self._pending = None
+            note(exc, _where(pending, self._iterable))
             self._batch_failed(task, exc)
             raise
         return batch, (t1 - t0, t2 - t1, t2 - t0)
 
 
-def _where(pending: _Pending, iterable: bool) -> str:
+def _where(pending: Pending, iterable: bool) -> str:
     """The note on a batch's own error without workers: its batch and sample indices, as a worker's
     error names them in its message (torch's names none; the type and message stay the dataset's)."""
     samples = "of the iterable dataset" if iterable else f"(sample indices {format_indices(pending.index)})"
     return f"while loading batch {pending.task} {samples} in the main process (num_workers=0)"
-
-
-_UNFETCHED: Any = object()
-_UNMADE: Any = object()
-
-
-@dataclass
-class _Pending:
-    """A ``num_workers=0`` task between its sampler item and its batch's hand-out. A
-    ``KeyboardInterrupt`` or ``SystemExit`` there is not the batch's error: the batch was never
-    handed out, so the next ``next()`` makes it (from ``data`` once fetched: an iterable dataset's
-    samples cannot be fetched twice) and the epoch stays the uninterrupted one, no task left out of
-    the delivered set for a later state to fetch again (docs/resume.md, "An interrupted batch")."""
-
-    task: int
-    index: Any
-    data: Any = _UNFETCHED
-    rngs: tuple[Any, Any, Any] | None = None  # with per-task seeding: where a retry's RNGs go on from
-    batch: Any = _UNMADE  # made, and waiting for its report (an interrupt in an observer) to be handed out
-    times: tuple[float, float, float] = (0.0, 0.0, 0.0)  # fetch, collate, both: what the report says
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, pending: _Pending, iterable: bool) -> Iterator[None]:
-    """Per-task seeding in the main process: seed as ``worker_info.seed_task`` does, then put back the
-    caller's random, numpy and torch CPU RNG states (torch.manual_seed would also reseed CUDA's).
-
-    A task made again after an interrupt goes on from ``pending.rngs`` where it has them, so its
-    samples draw what they would have drawn uninterrupted: taken once its samples were fetched (a
-    collate made again), or, for an iterable dataset, when the interrupt came (its fetch goes on from
-    the samples it kept). A map-style fetch is made again from the start: seeded afresh."""
-    if seed is None:
-        yield
-        return
-    saved = _rng_states()
-    if pending.rngs is None:
-        seed_rngs(seed, generate_state(seed, 0), cuda=False)
-    else:
-        _set_rng_states(pending.rngs)
-    try:
-        yield
-    except (KeyboardInterrupt, SystemExit):
-        if pending.data is _UNFETCHED:
-            pending.rngs = _rng_states() if iterable else None
-        raise
-    finally:
-        _set_rng_states(saved)
-
-
-def _rng_states() -> tuple[Any, Any, Any]:
-    """random's, numpy's global and (when imported) torch's CPU RNG states."""
-    import numpy as np
-
-    torch = sys.modules.get("torch")
-    return random.getstate(), np.random.get_state(), None if torch is None else torch.get_rng_state()
-
-
-def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
-    import numpy as np
-
-    random.setstate(states[0])
-    np.random.set_state(states[1])
-    torch = sys.modules.get("torch")
-    if torch is not None and states[2] is not None:
-        torch.set_rng_state(states[2])
-

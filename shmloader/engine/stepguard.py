@@ -1,7 +1,8 @@
 """Who may run a multi-process iterator's step loop, and how another thread stops it.
 
 Owns one iterator's step lock, the ident of the thread that holds it, the stop request, and a
-wake-up pipe whose read end sits in the iterator's poll. Runs in the main process.
+wake-up pipe whose read end sits in the iterator's poll (``StepGuard(pipe=False)``: none, for the
+``num_workers=0`` iterator, which waits on no poll). Runs in the main process.
 
 Why: the step loop (``MultiProcessIter._next_data``) reads and changes the pool, the ledger, the
 ring and the poll set, and may block in ``poll`` for as long as a worker takes. A ``close()`` from
@@ -51,9 +52,9 @@ CLOSE_WAIT_S = 10.0  # how long close() waits for a next() in another thread to 
 
 def reentry_error(what: str) -> LoaderError:
     """The error for ``what`` (``next()``, ``iter(loader)``) called inside the same thread's own ``next()``."""
-    return LoaderError(f"{what} was called from inside this iterator's own next() (a plugin hook, or "
-                       "a signal handler, on the thread running it): the iterator cannot step twice "
-                       "at once; do it after next() returns")
+    return LoaderError(f"{what} was called from inside this iterator's own next() (a plugin hook, a "
+                       "signal handler, or with num_workers=0 the dataset, sampler or collate_fn, on the "
+                       "thread running it): the iterator cannot step twice at once; do it after next() returns")
 
 
 class StepGuard:
@@ -61,11 +62,14 @@ class StepGuard:
 
     __slots__ = ("_lock", "owner", "stop_requested", "wake_fd", "_wake_w", "_pipe_lock")
 
-    def __init__(self) -> None:
+    def __init__(self, pipe: bool = True) -> None:
         self._lock = threading.RLock()  # re-entry is refused before it is taken: held at most once
         self.owner: int | None = None  # ident of the thread inside next(), if any (for messages)
         self.stop_requested = False
         self._pipe_lock = threading.Lock()
+        if not pipe:  # num_workers=0: no poll to wake; its next() checks the request as it returns
+            self.wake_fd = self._wake_w = -1
+            return
         # The read end is polled with the workers' pipes and never read: once written, the
         # iterator is closing, and the pipe stays readable until it is closed with the iterator.
         self.wake_fd, self._wake_w = os.pipe()
