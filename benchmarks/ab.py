@@ -178,10 +178,8 @@ def _fmt(values: list[float], unit: str = "", digits: int = 1) -> str:
     return f"{statistics.median(values):,.{digits}f}{unit} [{min(values):,.{digits}f}-{max(values):,.{digits}f}]"
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["--child"]:
-        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5], int(argv[6]), argv[7] == "1")
-        return 0
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("revisions", nargs="+", help=f"git revisions, {WORKTREE} for the checkout as it is, "
                         f"{TORCH} for torch.utils.data.DataLoader")
@@ -198,8 +196,13 @@ def main(argv: list[str]) -> int:
                         "CPU and its sleeps (voluntary context switches) per batch")
     parser.add_argument("--main-core", action="store_true", help="the main process on CPU 0, its workers on "
                         "the others (a core to itself, as on a host with cores to spare)")
-    args = parser.parse_args(argv)
-    if args.main_core and (args.hotpath or not os.sched_getaffinity(0) - {0} or 0 not in os.sched_getaffinity(0)):
+    return parser
+
+
+def checked_depths(parser: argparse.ArgumentParser, args: argparse.Namespace, cpus: set[int]) -> list[int]:
+    """The prefetch_factor values to run (``[0]``: the loaders' default), once the options that do not
+    go together, or that ``cpus`` (the CPUs this process may use) cannot serve, are refused."""
+    if args.main_core and (args.hotpath or not cpus - {0} or 0 not in cpus):
         parser.error("--main-core needs CPU 0 and another CPU to run on, and is not for --hotpath")
     if args.rusage and args.hotpath:
         parser.error("--rusage is for the loaders' run, not for --hotpath")
@@ -211,6 +214,16 @@ def main(argv: list[str]) -> int:
         parser.error(f"--prefetch-factors takes integers separated by commas, got {args.prefetch_factors!r}")
     if min(depths) < (1 if args.prefetch_factors else 0) or (args.hotpath and depths != [0]):
         parser.error("--prefetch-factors takes integers >= 1, and not with --hotpath")
+    return depths
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--child"]:
+        _child(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5], int(argv[6]), argv[7] == "1")
+        return 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    depths = checked_depths(parser, args, os.sched_getaffinity(0))
     repo = Path(__file__).resolve().parent.parent
     variants = [(rev, pf) for rev in args.revisions for pf in depths]
     results: dict[tuple[str, int], list[tuple[float, ...]]] = {v: [] for v in variants}

@@ -23,14 +23,19 @@ import statistics
 import time
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="big", choices=("tiny", "image", "big"))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--batches", type=int, default=10, help="batches per epoch (the first one timed)")
     p.add_argument("--workers", type=int, default=0, choices=range(0, 9), metavar="{0..8}",
                    help="num_workers of both loaders (default 0)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     import torch.utils.data as tud
 

@@ -196,13 +196,18 @@ def frame_write(frames: int) -> tuple[float, float]:
     return best[0], best[1]
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--prefetch", type=int, default=2)
     parser.add_argument("--work-us", type=float, default=40.0)
     parser.add_argument("--tasks", type=int, default=20_000)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     cpu, rate = exchange(args.workers, args.prefetch, args.work_us, args.tasks)
     pp = ping_pong(args.tasks)
     send_bytes, write_frame = frame_write(args.tasks)

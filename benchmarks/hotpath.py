@@ -141,14 +141,19 @@ def _per_call(fn: Any, arg: Any, n: int) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--evict-mib", type=int, default=0, help="MiB written between batches (a cold run)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--poll", action="store_true", help="include the wait's poll (timeout 0)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     net, raw, harness = measure(args.batches, args.repeats, args.evict_mib, args.workers, args.poll)
     print(f"{net:.2f} {raw:.2f} {harness:.2f}")
     return 0

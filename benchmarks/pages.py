@@ -44,6 +44,15 @@ def _meminfo_kib(key: str) -> int:
         return next((int(line.split()[1]) for line in info if line.startswith(key + ":")), 0)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=["image", "big"], default="big")
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--batches", type=int, default=5)
+    return parser
+
+
 def main(argv: list[str]) -> int:
     import numpy as np
 
@@ -51,11 +60,7 @@ def main(argv: list[str]) -> int:
     from shmloader.config import resolve_config
     from shmloader.transport.segment import Segment
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["image", "big"], default="big")
-    parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--batches", type=int, default=5)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     workload = WORKLOADS[args.workload]
     (field,) = [f for f in workload.fields if f.nbytes * workload.batch_size >= 1 << 20]  # the large field
     dataset = workload.dataset(1)

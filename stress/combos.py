@@ -58,7 +58,8 @@ OUTSIDE = (signal.SIGKILL, signal.SIGSEGV, signal.SIGSTOP)
 OUTSIDE_WEIGHTS = (0.5, 0.35, 0.15)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="stop at the first life end after this (60)")
     p.add_argument("--seed", type=int, default=0)
@@ -80,7 +81,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="deadline of a worker's start-up (the library's floor is 30 s; see kill_workers.py)")
     p.add_argument("--verbose", action="store_true", help="a line per epoch: its options, time and kills")
     p.add_argument("--close-limit", type=float, default=20.0, help="seconds a close() may take")
-    return p.parse_args(argv)
+    return p
 
 
 def live_workers() -> list[int]:
@@ -374,7 +375,7 @@ def count_slot_sizes(events: Counter[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parse(argv)
+    a = build_parser().parse_args(argv)
     c.ignore_sigpipe()
     faults.START_TIMEOUT_FLOOR_S = a.start_timeout  # read by the main process's fault policy
     started = time.monotonic()

@@ -51,7 +51,8 @@ EXTERNAL_WEIGHTS = (0.5, 0.35, 0.15)  # a SIGSTOP costs a whole task deadline: f
 OUTSIDE_IN_A_ROW = 4
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="stop at the first epoch end after this (60)")
     p.add_argument("--kills", type=int, default=0, help="stop once this many deaths were survived (0: no target)")
@@ -67,7 +68,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="deadline of a worker's start-up (the library's floor is 30 s; a worker stopped while "
                         "starting would cost that much)")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return p
 
 
 class Run:
@@ -146,7 +147,7 @@ class Run:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
+    args = build_parser().parse_args(argv)
     faults.START_TIMEOUT_FLOOR_S = args.start_timeout  # read by the main process's fault policy
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kill_workers_") as markers:

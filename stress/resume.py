@@ -61,7 +61,8 @@ class AugmentedFaulty:
         return c.sample(i) + np.random.randint(0, 1000)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="stop at the first epoch end after this (60)")
     p.add_argument("--epochs", type=int, default=1_000_000, help="stop after this many epochs")
@@ -72,7 +73,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kill-rate", type=float, default=0.05, help="chance of an outside SIGKILL after a batch")
     p.add_argument("--persistent", action="store_true", help="persistent_workers=True (pieces have 1 or 2 workers)")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return p
 
 
 class Run:
@@ -164,7 +165,7 @@ def compare(epoch: int, want: list[bytes], got: list[bytes], ordered: bool) -> s
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parse(argv)
+    a = build_parser().parse_args(argv)
     c.ignore_sigpipe()  # a worker's death must not kill this process through a task write
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shml_resume_") as marker_dir:

@@ -126,12 +126,17 @@ SCENARIOS: dict[str, Callable[[str, argparse.Namespace], str]] = {
     "preflight": preflight, "growth": growth, "filled": filled}
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget-mib", type=int, default=16)
     p.add_argument("--dir", default="", help="use this (small) directory instead of a new tmpfs")
     p.add_argument("--only", choices=sorted(SCENARIOS), action="append", help="run only these scenarios")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     results, problems = [], []
     with budget_dir(a) as (path, how):
         os.environ["SHMLOADER_SHM_DIR"] = path

@@ -38,7 +38,8 @@ class BigSamples:
         return {"x": np.full(self.floats, float(i)), "label": i, "name": f"sample-{i}"}
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (tests/test_docs_commands.py parses the docs' commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--seconds", type=float, default=120.0, help="stop at the first epoch end after this")
@@ -49,7 +50,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--floats", type=int, default=8192, help="float64 values per sample (8192 = 64 KiB)")
     p.add_argument("--rss-slack-mib", type=float, default=24.0, help="allowed RSS growth per process group")
-    return p.parse_args(argv)
+    return p
 
 
 def shm_usage(shm_dir: str) -> tuple[int, int]:
@@ -79,7 +80,7 @@ def run_epoch(loader: DataLoader, n: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parse(argv)
+    a = build_parser().parse_args(argv)
     shm_dir = os.environ.get("SHMLOADER_SHM_DIR", "/dev/shm")
     loader: DataLoader = DataLoader(BigSamples(a.samples, a.floats), batch_size=a.batch_size, shuffle=True,
                         num_workers=a.workers, multiprocessing_context=a.method, persistent_workers=True)
