@@ -128,3 +128,35 @@ def test_a_dataset_calling_next_on_its_own_iterator_is_refused_naming_it() -> No
         next(dataset.it)
     assert "the dataset" in str(info.value)
     assert [int(x) for x in dataset.it] == [2, 3]  # the refused batch's error was its own: the epoch goes on
+
+
+@pytest.mark.timeout(60)
+def test_close_giving_up_on_a_blocked_next_names_what_can_block_it_without_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without workers the ``next()`` that does not return is most likely inside the dataset (or the
+    sampler, or collate_fn): ``close()``'s error must say so, not guess a plugin hook alone."""
+    from shmloader.engine import stepguard
+
+    monkeypatch.setattr(stepguard, "CLOSE_WAIT_S", 0.2)
+    dataset = Squares(8, block=0)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(dataset, batch_size=2)
+    it = iter(loader)
+    got: list[Any] = []
+    stepper = threading.Thread(target=lambda: got.append(_next_or_error(it)), daemon=True)
+    stepper.start()
+    try:
+        assert dataset.inside.wait(DEADLINE_S)
+        with pytest.raises(LoaderError, match="did not return") as info:
+            it.close()  # type: ignore[attr-defined]
+        assert "the dataset" in str(info.value) and "num_workers=0" in str(info.value)
+    finally:
+        dataset.go.set()
+        stepper.join(DEADLINE_S)
+    assert not stepper.is_alive() and isinstance(got[0], LoaderClosed)  # it closed itself as it returned
+
+
+def _next_or_error(it: Any) -> Any:
+    try:
+        return next(it)
+    except BaseException as exc:  # noqa: BLE001  (the test reads it)
+        return exc

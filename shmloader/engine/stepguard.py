@@ -60,13 +60,16 @@ def reentry_error(what: str) -> LoaderError:
 class StepGuard:
     """One iterator's step lock, its holder's ident, the stop request and the wake-up pipe."""
 
-    __slots__ = ("_lock", "owner", "stop_requested", "wake_fd", "_wake_w", "_pipe_lock")
+    __slots__ = ("_lock", "owner", "stop_requested", "wake_fd", "_wake_w", "_pipe_lock", "_blockers")
 
     def __init__(self, pipe: bool = True) -> None:
         self._lock = threading.RLock()  # re-entry is refused before it is taken: held at most once
         self.owner: int | None = None  # ident of the thread inside next(), if any (for messages)
         self.stop_requested = False
         self._pipe_lock = threading.Lock()
+        # what may keep a next() from returning, for close()'s error: with workers the poll is woken
+        self._blockers = ("a plugin hook or the sampler" if pipe else
+                          "with num_workers=0 the dataset, sampler or collate_fn, or a plugin hook")
         if not pipe:  # num_workers=0: no poll to wake; its next() checks the request as it returns
             self.wake_fd = self._wake_w = -1
             return
@@ -152,7 +155,7 @@ class StepGuard:
         if self._lock.acquire(timeout=CLOSE_WAIT_S):
             return
         raise LoaderError(f"close(): next() running in another thread (ident {self.owner}) did not return "
-                          f"within {CLOSE_WAIT_S:g} s of being asked to stop (a plugin hook that blocks?); "
+                          f"within {CLOSE_WAIT_S:g} s of being asked to stop (blocked in {self._blockers}?); "
                           "the iterator closes itself when that next() returns")
 
     def _wake(self, blocking: bool = True) -> None:
