@@ -330,7 +330,7 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
 # -- what cannot be saved ---------------------------------------------------------------------
 def _unsaveable(loader: Any) -> str | None:
     """Why this epoch's order cannot be re-created, if it cannot."""
-    if "torch" in sys.modules:
+    if sys.modules.get("torch") is not None:  # a None there hides torch: the sampler drew without it
         return None
     for path in ("sampler", "batch_sampler.sampler"):
         sampler = loader if path == "sampler" else loader.batch_sampler

@@ -52,17 +52,32 @@ def check_ranges(ranges: Any) -> None:
 
 def numpy_state(encoded: Any, name: str) -> dict[str, Any]:
     """A numpy bit generator's state as saved (arrays as ``{"ndarray", "dtype"}``), decoded: it must
-    name a numpy bit generator and be a state numpy can set on one (else StateError naming ``name``)."""
+    name a numpy bit generator and be a state numpy can set on one as it is (else StateError
+    naming ``name``): numpy before 2.0 wraps an out-of-range word instead of refusing it, so the
+    state is read back and compared."""
     try:
         state = _unplain(encoded)
         bit_generator = getattr(np.random, state["bit_generator"])
         if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)):
             raise ValueError(f"{state['bit_generator']!r} is not a numpy bit generator")
-        bit_generator().state = state
+        made = bit_generator()
+        made.state = state
+        if not _same(made.state, state):
+            raise ValueError("numpy stores it changed: a value is out of its range")
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
         raise StateError(f"the state's {name} is not a numpy generator state numpy can set "
                          f"({type(exc).__name__}: {exc}): {encoded!r:.80}", encoded, None) from None
     return state
+
+
+def _same(stored: Any, given: Any) -> bool:
+    """Whether numpy's read-back ``stored`` holds the values of ``given`` (arrays compared by value,
+    so a negative word given for an unsigned one differs); keys numpy ignores are not compared."""
+    if isinstance(stored, Mapping):
+        return isinstance(given, Mapping) and all(k in given and _same(v, given[k]) for k, v in stored.items())
+    if isinstance(stored, np.ndarray):
+        return stored.shape == np.shape(given) and bool(np.array_equal(stored, np.asarray(given)))
+    return bool(stored == given)
 
 
 def _check_random(random: Any) -> None:

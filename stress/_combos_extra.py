@@ -18,6 +18,7 @@ fresh generator of the same seed and must continue from the state it loads, as i
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import warnings
 import zlib
@@ -29,6 +30,10 @@ import numpy as np
 import shmloader
 from shmloader import get_worker_info
 from shmloader.samplers import RandomSampler
+
+# the torch flavour is drawn only where torch is installed (the draw itself is made either way, so a
+# seed gives the same lives with and without torch, the flavour aside)
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 # the warning pin_memory=True gives without an accelerator (docs/gpu.md), once per loader
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
@@ -99,7 +104,8 @@ def draw(pick: random.Random, samples: int, batch_size: int) -> dict[str, Any]:
     unbatched = pick.random() < 0.25
     collate = "default" if unbatched else pick.choice(("default", "dict"))
     varied = unbatched or collate == "dict"
-    return dict(extra=True, torch=pick.random() < 0.5, batch_size=None if unbatched else pick.randint(1, 2 * batch_size),
+    flavour = pick.random() < 0.5 and HAVE_TORCH
+    return dict(extra=True, torch=flavour, batch_size=None if unbatched else pick.randint(1, 2 * batch_size),
                 collate=collate, level=-1 if varied else pick.randint(0, 3),
                 n=pick.randint(samples // 8, samples // 4) if unbatched else pick.randint(samples // 4, samples),
                 sampler=pick.choice(("sequential", "shuffle", "random", "replacement")), seed=pick.randrange(2**31),

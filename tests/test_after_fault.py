@@ -50,6 +50,7 @@ def test_next_after_a_fault_raises_instead_of_ending_the_epoch_quietly(persisten
 
 @pytest.mark.timeout(30)
 def test_a_device_prefetcher_after_a_fault_raises_too() -> None:
+    pytest.importorskip("torch")  # to_device makes tensors of the numpy batches
     with _loader() as loader:
         _next_after_the_fault(iter(to_device(loader, "cpu")), "iter() on the to_device() prefetcher")
 

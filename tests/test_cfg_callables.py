@@ -9,10 +9,11 @@ import pytest
 from parity_helpers import torch_raises
 
 import shmloader
-import shmloader.torch
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
+
+import shmloader.torch  # noqa: E402  (after the skip: it imports torch)
 
 DATA = list(range(6))
 

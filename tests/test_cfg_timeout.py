@@ -10,11 +10,12 @@ import pytest
 from parity_helpers import torch_raises
 
 import shmloader
-import shmloader.torch
 from shmloader.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
+
+import shmloader.torch  # noqa: E402  (after the skip: it imports torch)
 
 LOADERS = [shmloader.DataLoader, shmloader.torch.DataLoader]
 DATA = list(range(6))

@@ -6,6 +6,7 @@ command in a session of its own and signal that group, workers and copy-limit pr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -72,7 +73,9 @@ def _group(pgid: int) -> list[str]:
      "--no-copy-limit"],
     ["bench", "--no-shmloader", "--workloads", "tiny", "--workers", "2", "--batches", "100000000",
      "--repeat", "1"],
-    ["bench", "--train", "--quick", "--steps", "100000", "--workers", "2"],
+    pytest.param(["bench", "--train", "--quick", "--steps", "100000", "--workers", "2"],
+                 marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                          reason="bench --train needs torch")),
 ], ids=["bench-shmloader", "bench-torch", "bench-train"])
 def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path: Path, args: list[str]) -> None:
     shm = tmp_path / "shm"

@@ -64,7 +64,10 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().err
 
 
-def test_parse_args_checks_directory_and_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_parse_args_checks_directory_and_format(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    installed = "matplotlib" in sys.modules or plot.matplotlib_installed()
+    monkeypatch.setattr(plot, "matplotlib_installed", lambda: True)  # the path checks, with or without it
     assert parse_args(["--plot", str(tmp_path / "a")]).plot == str(tmp_path / "a.png")
     assert parse_args(["--plot", str(tmp_path / "a.PDF")]).plot == str(tmp_path / "a.PDF")
     assert parse_args([]).plot is None
@@ -73,13 +76,14 @@ def test_parse_args_checks_directory_and_format(tmp_path: Path, capsys: pytest.C
     assert "does not exist" in _refused(["--plot", str(tmp_path / "no" / "a.png")], capsys)
     (tmp_path / "file").write_text("")
     assert "is not a directory" in _refused(["--plot", str(tmp_path / "file" / "a.png")], capsys)
-    if "matplotlib" in sys.modules or plot.matplotlib_installed():
+    if installed:
         err = _refused(["--plot", str(tmp_path / "a.txt")], capsys)
         assert "'.txt'" in err and ".png" in err and ".svg" in err
 
 
 def test_an_unwritable_directory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.setattr(plot, "matplotlib_installed", lambda: True)  # the path check, with or without it
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     if os.access(locked, os.W_OK):  # root may write anywhere: stand in the answer an ordinary user gets

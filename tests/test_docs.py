@@ -13,6 +13,7 @@ a stress script may be named bare, ``kill_workers.py --seconds 120``, as the tab
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -80,9 +81,24 @@ def test_doc_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(tmp_path)
     try:
         run_blocks(path, blocks)
+    except ImportError as exc:
+        skip_if_an_extra_is_missing(exc)
+        raise
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+# what pyproject.toml's extras install (torch, progress, plot) and the frameworks docs/frameworks.md shows
+OPTIONAL = ("torch", "tqdm", "matplotlib", "lightning", "accelerate")
+
+
+def skip_if_an_extra_is_missing(exc: ImportError) -> None:
+    """Skip a doc whose example needs an optional package that is not installed here; a doc that
+    fails to import anything else, or an installed extra, fails."""
+    root = (exc.name or "").partition(".")[0]
+    if root in OPTIONAL and (sys.modules.get(root) is None and importlib.util.find_spec(root) is None):
+        pytest.skip(f"the example needs {root}, which is not installed ({exc})")
 
 
 def test_collector_runs_blocks_in_order_and_skips_no_run(tmp_path: Path) -> None:

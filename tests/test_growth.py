@@ -52,24 +52,30 @@ def _allocated(batch: list, to_torch: bool) -> int:
     return alloc.pos
 
 
-def _batches() -> dict[str, list]:
-    import torch
+KINDS = ["arrays", "mapping", "tuple", "namedtuple", "tensors", "nested"]
 
-    return {
+
+def _batches(kind: str, to_torch: bool) -> list:
+    """The samples of one batch of ``kind``; a torch-needing case skips without torch."""
+    if kind == "tensors" or to_torch:
+        torch = pytest.importorskip("torch")
+        if kind == "tensors":
+            return [torch.ones(4, 4, dtype=torch.bfloat16) for _ in range(3)]
+    batches: dict[str, list] = {
         "arrays": [np.ones((3, 5), np.float32) for _ in range(4)],
         "mapping": [{"x": np.ones(7, np.int16), "y": i, "f": 1.5, "s": "a", "b": True, "n": np.float32(2)}
                     for i in range(5)],
         "tuple": [(np.ones(3), i) for i in range(3)],
         "namedtuple": [Pair(np.ones(2, np.uint8), 1.0) for _ in range(3)],
-        "tensors": [torch.ones(4, 4, dtype=torch.bfloat16) for _ in range(3)],
         "nested": [[{"a": np.zeros((2, 2))}, "x"] for _ in range(2)],
     }
+    return batches[kind]
 
 
 @pytest.mark.parametrize("to_torch", [False, True])
-@pytest.mark.parametrize("kind", list(_batches()))
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_size_read_off_the_samples_covers_what_collate_allocates(kind: str, to_torch: bool) -> None:
-    batch = _batches()[kind]
+    batch = _batches(kind, to_torch)
     needed = needed_bytes(batch, to_torch=to_torch)
     assert needed is not None and needed >= _allocated(batch, to_torch)
 
@@ -246,8 +252,11 @@ def _fetches(log: Path) -> list[int]:
 @pytest.mark.parametrize("to_torch", [False, True])
 def test_a_batch_bigger_than_its_slot_is_collated_once_into_the_grown_slot(
         to_torch: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shmloader.torch
     import shmloader.worker.main
+
+    if to_torch:
+        pytest.importorskip("torch")
+        import shmloader.torch
 
     monkeypatch.setattr(shmloader.worker.main, "heap_alloc", _no_heap)  # forked workers inherit it
     regrows = _count_regrows(monkeypatch)

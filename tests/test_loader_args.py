@@ -11,10 +11,11 @@ from engine_datasets import Range, Squares
 from parity_helpers import stop_torch_workers
 
 import shmloader
-import shmloader.torch
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
+
+import shmloader.torch  # noqa: E402  (after the skip: it imports torch)
 
 BAD = [
     dict(num_workers=-1),

@@ -21,7 +21,7 @@ class Progress:
 
     def __init__(self, total: int | None = None, desc: str = "epoch", **tqdm_kwargs: Any) -> None:
         if importlib.util.find_spec("tqdm") is None:
-            raise ImportError("Progress needs tqdm: pip install 'shmloader[progress]' (or tqdm)")
+            raise ImportError("Progress needs tqdm: pip install 'shmloader[progress]' (or tqdm)", name="tqdm")
         self.total = total
         self.desc = desc
         self.tqdm_kwargs = tqdm_kwargs

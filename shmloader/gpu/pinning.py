@@ -63,7 +63,11 @@ register_variable(ENV_BACKEND, "pin backend for pin_memory=True: " + "|".join(BA
 
 
 def _installed(module: str) -> bool:
-    return module in sys.modules or importlib.util.find_spec(module) is not None
+    """Whether ``module`` can be imported: imported already, or found; a ``None`` left in
+    ``sys.modules`` (the usual way to hide a package) reads as not installed."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 @functools.cache

@@ -89,7 +89,7 @@ def device_name(device: Any) -> str:
     as a device raises here, naming the argument, before the loader starts anything."""
     if not isinstance(device, int) or isinstance(device, bool):
         name = str(device)
-        if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:  # else nothing reads it
+        if sys.modules.get("torch") is not None or importlib.util.find_spec("torch") is not None:  # else unread
             import torch
 
             try:

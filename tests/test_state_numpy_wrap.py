@@ -1,0 +1,69 @@
+"""A saved numpy generator state that numpy takes only by changing it is refused, whatever numpy.
+
+numpy before 2.0 (the floor is 1.23) wraps an out-of-range integer in a bit generator's state
+instead of raising: a PCG64 state of -1 was set as 2**128 - 1. The check that a state is one
+numpy can set then passed, and a corrupt state loaded a stream the saving run never drew from.
+Here ``PCG64`` is replaced by one whose setter wraps as that numpy does, so the current numpy of
+the test venv shows the same behaviour.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shmloader.errors import StateError
+from shmloader.state_fields import numpy_state
+
+_PCG64 = np.random.PCG64
+
+
+class WrappingPCG64(_PCG64):  # type: ignore[misc]
+    """PCG64 whose state setter wraps its 128-bit words, as numpy 1.x's does."""
+
+    @property  # type: ignore[override]
+    def state(self) -> dict[str, Any]:
+        return _PCG64.state.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        value = copy.deepcopy(value)
+        for key in ("state", "inc"):
+            value["state"][key] %= 1 << 128
+        _PCG64.state.__set__(self, value)  # type: ignore[attr-defined]
+
+
+WrappingPCG64.__name__ = "PCG64"  # numpy's setter checks the state names its class
+
+
+@pytest.fixture
+def wrapping_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(np.random, "PCG64", WrappingPCG64)
+
+
+def _saved(**changes: int) -> dict[str, Any]:
+    state = dict(np.random.default_rng(7).bit_generator.state)
+    state["state"].update(changes)
+    return state
+
+
+@pytest.mark.parametrize("changes", [{"state": -1}, {"inc": -3}, {"state": 1 << 128}])
+def test_a_state_numpy_would_wrap_is_refused_by_name(wrapping_numpy: None, changes: dict[str, int]) -> None:
+    with pytest.raises(StateError, match=r"the state's random.sources \(generator\) is not a numpy generator "
+                                         r"state numpy can set .*numpy stores it changed"):
+        numpy_state(_saved(**changes), "random.sources (generator)")
+
+
+def test_a_good_state_is_taken_as_it_is(wrapping_numpy: None) -> None:
+    state = _saved()
+    assert numpy_state(copy.deepcopy(state), "random.sources (generator)") == state
+
+
+@pytest.mark.parametrize("name", ["MT19937", "Philox", "SFC64", "PCG64DXSM"])
+def test_every_bit_generator_s_own_state_reads_back_unchanged(name: str) -> None:
+    """The round trip the check relies on: a state numpy gave is stored as it is."""
+    state = getattr(np.random, name)(11).state
+    assert numpy_state(state, "random.sources (generator)")["bit_generator"] == name
