@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,20 +54,28 @@ def check_ranges(ranges: Any) -> None:
 def numpy_state(encoded: Any, name: str) -> dict[str, Any]:
     """A numpy bit generator's state as saved (arrays as ``{"ndarray", "dtype"}``), decoded: it must
     name a numpy bit generator and be a state numpy can set on one as it is (else StateError
-    naming ``name``): numpy before 2.0 wraps an out-of-range word instead of refusing it, so the
-    state is read back and compared."""
+    naming ``name``): numpy before 2.0 wraps an out-of-range word instead of refusing it (1.24 to
+    1.26 with a DeprecationWarning, refused here too), so the state is read back and compared."""
     try:
-        state = _unplain(encoded)
-        bit_generator = getattr(np.random, state["bit_generator"])
-        if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)):
-            raise ValueError(f"{state['bit_generator']!r} is not a numpy bit generator")
-        made = bit_generator()
-        made.state = state
-        if not _same(made.state, state):
-            raise ValueError("numpy stores it changed: a value is out of its range")
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            state = _set_and_read_back(encoded)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, DeprecationWarning) as exc:
         raise StateError(f"the state's {name} is not a numpy generator state numpy can set "
                          f"({type(exc).__name__}: {exc}): {encoded!r:.80}", encoded, None) from None
+    return state
+
+
+def _set_and_read_back(encoded: Any) -> dict[str, Any]:
+    """The decoded state, once set on a fresh bit generator of its kind and read back unchanged."""
+    state = _unplain(encoded)
+    bit_generator = getattr(np.random, state["bit_generator"])
+    if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)):
+        raise ValueError(f"{state['bit_generator']!r} is not a numpy bit generator")
+    made = bit_generator()
+    made.state = state
+    if not _same(made.state, state):
+        raise ValueError("numpy stores it changed: a value is out of its range")
     return state
 
 

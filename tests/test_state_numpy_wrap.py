@@ -10,6 +10,7 @@ the test venv shows the same behaviour.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import numpy as np
@@ -67,3 +68,32 @@ def test_every_bit_generator_s_own_state_reads_back_unchanged(name: str) -> None
     """The round trip the check relies on: a state numpy gave is stored as it is."""
     state = getattr(np.random, name)(11).state
     assert numpy_state(state, "random.sources (generator)")["bit_generator"] == name
+
+
+class WarningPCG64(WrappingPCG64):
+    """As numpy 1.24 to 1.26: the out-of-range word is wrapped with a DeprecationWarning first."""
+
+    @property  # type: ignore[override]
+    def state(self) -> dict[str, Any]:
+        return _PCG64.state.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        if any(not 0 <= value["state"][key] < 1 << 128 for key in ("state", "inc")):
+            warnings.warn("NumPy will stop allowing conversion of out-of-bound Python integers", DeprecationWarning,
+                          stacklevel=2)
+        WrappingPCG64.state.__set__(self, value)  # type: ignore[attr-defined]
+
+
+WarningPCG64.__name__ = "PCG64"
+
+
+def test_a_state_numpy_takes_with_a_deprecation_warning_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under warnings that ignore DeprecationWarning (a user's default) or make it an error (this
+    suite's, for warnings met in shmloader), the same StateError, not the warning."""
+    monkeypatch.setattr(np.random, "PCG64", WarningPCG64)
+    for action in ("ignore", "error"):
+        with warnings.catch_warnings():
+            warnings.simplefilter(action, DeprecationWarning)
+            with pytest.raises(StateError, match=r"is not a numpy generator state numpy can set"):
+                numpy_state(_saved(state=-1), "random.sources (generator)")
