@@ -55,3 +55,22 @@ def test_an_epoch_drawn_from_fresh_entropy_is_not_saved_when_torch_is_hidden(hid
 
 def test_a_device_name_is_taken_as_given_when_torch_is_hidden(hidden_torch) -> None:
     assert device_name("cuda:1") == "cuda:1"
+
+
+def test_to_device_without_torch_says_it_needs_torch(hidden_torch) -> None:
+    """``to_device`` hands batches out as tensors: without torch (and without a transfer of the
+    user's own) its error names ``to_device`` and the extra to install, not a bare import failure
+    from deep inside the first copy."""
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(list(range(4))), batch_size=2)
+    for device in ("cpu", 0):
+        with pytest.raises(ModuleNotFoundError, match=r"to_device.*needs torch.*shmloader\[torch\]") as info:
+            list(shmloader.to_device(loader, device))
+        assert info.value.name == "torch"
+
+
+def test_to_device_with_a_transfer_of_its_own_runs_without_torch(hidden_torch) -> None:
+    from shmloader.gpu.fake import FakeBackend
+
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(shmloader.ArrayDataset(list(range(4))), batch_size=2)
+    got = [x.tolist() for (x,) in shmloader.to_device(loader, "cpu", transfer=FakeBackend())]
+    assert got == [[0, 1], [2, 3]]

@@ -86,12 +86,23 @@ def segment_address(segment: Segment) -> int:
         del probe
 
 
+def import_torch_for(what: str) -> Any:
+    """``torch``, or a ModuleNotFoundError (``name="torch"``) saying that ``what`` needs it and how
+    to install it, in place of a bare import failure from deep inside."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"{what} hands batches out as torch tensors and needs torch: pip install "
+                                  "'shmloader[torch]' (or torch), or pass a transfer= of your own",
+                                  name="torch") from exc
+    return torch
+
+
 def as_tensor(leaf: Any) -> Any:
     """A numpy array as a tensor sharing its memory (``torch.from_numpy``), copied first only when
     its strides are negative (``img[:, ::-1]``), which torch cannot view; anything else as is."""
     if isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject:
-        import torch
-
+        torch = import_torch_for("to_device")
         if any(stride < 0 for stride in leaf.strides):  # torch has no negative strides: one copy
             leaf = np.ascontiguousarray(leaf)
         try:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shmloader import state as _state
-from shmloader.gpu.backends import Event, Transfer, as_tensor
+from shmloader.gpu.backends import Event, Transfer, as_tensor, import_torch_for
 from shmloader.gpu.batch_tree import map_batch
 from shmloader.gpu.owned import Owned, owner_only
 from shmloader.gpu.prefetch_epoch import DONE, Copy, Epoch, Mark
@@ -97,8 +97,7 @@ def device_name(device: Any) -> str:
             except RuntimeError as exc:
                 raise RuntimeError(f"to_device: device={device!r} is not a device: {exc}") from None
         return name
-    import torch
-
+    torch = import_torch_for("to_device")  # an index means the current accelerator's, which torch knows
     current = getattr(torch, "accelerator", None)
     accelerator = current.current_accelerator() if current is not None else torch.device("cuda")
     if accelerator is None:
