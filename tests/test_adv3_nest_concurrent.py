@@ -107,9 +107,26 @@ def test_two_threads_iterating_their_own_loaders_both_closed_at_once(persistent:
         assert workers_left(zombies=True) == []
 
 
+class _Cycling:
+    """A sampler over ``IDS`` that starts again at its end while ``endless``: an epoch the consumer
+    cannot finish before the closers come, however the threads are scheduled."""
+
+    endless = True
+
+    def __len__(self) -> int:
+        return len(IDS)
+
+    def __iter__(self):  # noqa: ANN204
+        while True:
+            yield from range(len(IDS))
+            if not self.endless:
+                return
+
+
 @pytest.mark.timeout(60)
 def test_one_loader_closed_by_two_threads_at_once_while_a_third_iterates() -> None:
-    loader = _loader(persistent_workers=True)
+    sampler = _Cycling()
+    loader = _loader(persistent_workers=True, sampler=sampler)
     out: dict[str, Any] = {}
     first = threading.Event()
 
@@ -140,6 +157,7 @@ def test_one_loader_closed_by_two_threads_at_once_while_a_third_iterates() -> No
     assert errors == []
     assert isinstance(out.get("error"), LoaderClosed), out
     assert workers_left(zombies=True) == []
+    sampler.endless = False
     assert [v for b in loader for v in _values(b)] == IDS.tolist()  # iter() after close() starts afresh
     loader.close()
 
