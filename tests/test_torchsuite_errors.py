@@ -15,11 +15,12 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 from typing import Any
 
 import pytest
 
-from shmloader import errors
+from shmloader import DataLoader, errors, get_worker_info
 
 # Each error as the engine makes it: its message and its facts.
 MADE: list[errors.LoaderError | ValueError] = [
@@ -91,3 +92,25 @@ def test_worker_death_reaches_the_parent_process() -> None:
     assert isinstance(err, errors.WorkerDied), err
     assert err.signal == signal.SIGKILL and err.worker_id == 0 and err.pid is not None
     assert f"pid {err.pid}" in str(err)
+
+
+class _Sleeps:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if get_worker_info() is not None:
+            threading.Event().wait(30)  # far past the timeout: the loader stops this worker first
+        return i
+
+
+@pytest.mark.timeout(90)
+def test_timeout_message_is_torchs_for_whole_seconds() -> None:
+    # torch: f"DataLoader timed out after {self._timeout} seconds"; `timeout=1` reads "1 seconds",
+    # which torch's own test matches with r"timed out after \d+ seconds" (ours read "1.0 seconds")
+    loader: DataLoader[Any] = DataLoader(_Sleeps(), batch_size=2, num_workers=1, timeout=1)
+    with pytest.raises(errors.WorkerTimeout) as info:
+        next(iter(loader))
+    loader.close()
+    assert str(info.value).startswith("DataLoader timed out after 1 seconds. ")
+    assert info.value.timeout_s == 1.0
