@@ -1,4 +1,5 @@
-"""The exception tree of shmloader, and the helpers that word its messages.
+"""The exception tree of shmloader, and the helpers that word its messages (sample indices:
+:mod:`shmloader.error_words`, re-exported here).
 
 Every error raised while loading subclasses something a torch user already catches::
 
@@ -32,10 +33,12 @@ marked as such and backed by a measurement, then what to change.
 
 from __future__ import annotations
 
-import numbers
 import signal as _signal
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from shmloader.error_words import format_indices, format_tasks, plain_tasks
+from shmloader.error_words import plain_indices as plain_indices  # re-exported: the engine's messages use it
 
 __all__ = [
     "LoaderError",
@@ -61,7 +64,23 @@ __all__ = [
 
 
 class LoaderError(RuntimeError):
-    """Base of every failure of the loading machinery (not of user code)."""
+    """Base of every failure of the loading machinery (not of user code).
+
+    Like torch's RuntimeErrors, each one is built from one message string (its facts are then
+    None: ``raise type(err)(f"{err} ...") from err`` works) and pickles, its facts included, so it
+    reaches a parent process intact (multiprocessing, concurrent.futures).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's would call cls(*args) and drop keyword-only facts (or fail without them)
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[LoaderError], args: tuple[Any, ...], facts: dict[str, Any]) -> LoaderError:
+    """Unpickle a LoaderError: its message (``args``) and facts, without calling ``__init__``."""
+    error = cls.__new__(cls, *args)
+    error.__dict__.update(facts)
+    return error
 
 
 class WorkerDied(LoaderError):
@@ -76,9 +95,9 @@ class WorkerDied(LoaderError):
         self,
         message: str,
         *,
-        worker_id: int,
-        pid: int | None,
-        exitcode: int | None,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        exitcode: int | None = None,
         tasks: Mapping[int, Any] | None = None,
     ) -> None:
         super().__init__(message)
@@ -86,7 +105,7 @@ class WorkerDied(LoaderError):
         self.pid = pid
         self.exitcode = exitcode
         self.signal = -exitcode if exitcode is not None and exitcode < 0 else None
-        self.tasks = _plain_tasks(tasks)
+        self.tasks = plain_tasks(tasks)
 
 
 class RestartBudgetExceeded(WorkerDied):
@@ -102,7 +121,7 @@ class PoisonTask(LoaderError):
     tasks: dict[int, list[Any] | None]  # {task: indices}, as the other errors carry it (set by engine.faults.poison)
 
     def __init__(
-        self, message: str, *, task: int, indices: Any, attempts: int,
+        self, message: str, *, task: int | None = None, indices: Any = None, attempts: int | None = None,
         deaths: Sequence[str] = (),
     ) -> None:
         super().__init__(message)
@@ -116,13 +135,13 @@ class WorkerTimeout(LoaderError):
     """No batch arrived within ``timeout`` seconds. Attributes: ``timeout_s``, ``tasks``."""
 
     def __init__(
-        self, message: str, *, timeout_s: float,
+        self, message: str, *, timeout_s: float | None = None,
         tasks: Mapping[int, Any] | None = None,
         worker_id: int | None = None, pid: int | None = None,
     ) -> None:
         super().__init__(message)
         self.timeout_s = timeout_s
-        self.tasks = _plain_tasks(tasks)
+        self.tasks = plain_tasks(tasks)
         self.worker_id = worker_id
         self.pid = pid
 
@@ -137,7 +156,8 @@ class ShmSpaceError(LoaderError):
     Attributes: ``needed_bytes``, ``free_bytes``, ``directory``.
     """
 
-    def __init__(self, message: str, *, needed_bytes: int, free_bytes: int, directory: str) -> None:
+    def __init__(self, message: str, *, needed_bytes: int | None = None, free_bytes: int | None = None,
+                 directory: str | None = None) -> None:
         super().__init__(message)
         self.needed_bytes = needed_bytes
         self.free_bytes = free_bytes
@@ -151,7 +171,8 @@ class SegmentCollision(LoaderError):
     ours in that directory. Attributes: ``directory``, ``name`` (the last name tried), ``attempts``.
     """
 
-    def __init__(self, message: str, *, directory: str, name: str, attempts: int) -> None:
+    def __init__(self, message: str, *, directory: str | None = None, name: str | None = None,
+                 attempts: int | None = None) -> None:
         super().__init__(message)
         self.directory = directory
         self.name = name
@@ -182,7 +203,7 @@ class PluginError(LoaderError):
     (the hook's name, or None when the plugin as a whole was refused).
     """
 
-    def __init__(self, message: str, *, plugin: str, hook: str | None) -> None:
+    def __init__(self, message: str, *, plugin: str | None = None, hook: str | None = None) -> None:
         super().__init__(message)
         self.plugin = plugin
         self.hook = hook
@@ -258,77 +279,6 @@ def describe_exit(exitcode: int | None) -> str:
             name = "unknown signal"
         return f"signal {name} ({-exitcode})"
     return f"exit code {exitcode}"
-
-
-def plain_indices(indices: Any) -> list[Any]:
-    """A task's sample indices as a list of plain values, whatever the sampler put them in (a list,
-    tuple, range, ndarray or tensor): numpy and torch numbers become Python's (``tolist()``), so
-    messages and error attributes show numbers. None (an iterable dataset's task) gives ``[]``."""
-    if indices is None:
-        return []
-    whole = _tolist(indices)
-    if whole is not indices:
-        return whole if isinstance(whole, list) else [whole]  # a 0-d array or tensor: one index
-    try:
-        items = list(indices)
-    except TypeError:  # one index that is no sequence
-        return [indices]
-    return [_tolist(value) for value in items]
-
-
-def _tolist(value: Any) -> Any:
-    """``value.tolist()`` for an ndarray, tensor or numpy scalar; anything else as it is."""
-    tolist = getattr(value, "tolist", None)
-    return tolist() if callable(tolist) else value
-
-
-def _plain_tasks(tasks: Mapping[int, Any] | None) -> dict[int, list[Any] | None]:
-    """An error's ``tasks`` attribute: task number -> plain sample indices (None: iterable dataset)."""
-    return {task: None if indices is None else plain_indices(indices) for task, indices in (tasks or {}).items()}
-
-
-def format_indices(indices: Any, limit: int = 12) -> str:
-    """Compact sample indices: runs of consecutive integers become ``a..b``; long lists are cut
-    with a count. Anything that is not an integer (a float, a string key) prints as it is."""
-    if indices is None:
-        return "(iterable dataset: no sample indices)"
-    items = plain_indices(indices)
-    if not items:
-        return "[]"
-    parts: list[str] = []
-    start = prev = items[0]
-    for value in items[1:] + [_END]:
-        if _is_index(prev) and _is_index(value) and value == prev + 1:
-            prev = value
-            continue
-        parts.append(f"{_show(start)}..{_show(prev)}" if prev is not start else _show(start))
-        start = prev = value
-    text = ", ".join(parts[:limit])
-    if len(parts) > limit:
-        text += f", ... ({len(items)} indices in all)"
-    return f"[{text}]"
-
-
-_END = object()  # closes the last run
-
-
-def _is_index(value: Any) -> bool:
-    """An integer index (Python or numpy), not a bool: only these make ``a..b`` runs."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _show(value: Any) -> str:
-    """An integer as digits, another number as ``str`` (``1.0``), anything else as ``repr``."""
-    if _is_index(value):
-        return str(int(value))
-    return str(value) if isinstance(value, numbers.Number) and not isinstance(value, bool) else repr(value)
-
-
-def format_tasks(tasks: Mapping[int, Sequence[int] | None]) -> str:
-    """One line naming each task and its sample indices, for error messages."""
-    if not tasks:
-        return "no tasks"
-    return "; ".join(f"task {t}: indices {format_indices(idx)}" for t, idx in sorted(tasks.items()))
 
 
 def rebuild_worker_exception(

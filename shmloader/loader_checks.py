@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import numbers
 import operator
 import os
 import sys
@@ -123,7 +124,7 @@ def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
     TimeoutWithoutWorkersError (torch's AssertionError); with workers what is not a number raises
     TypeError, and an infinite one (or one too long to count in milliseconds) OverflowError (as torch's
     first wait would), each naming it.
-    NaN waits forever, as in torch."""
+    NaN waits forever, as in torch. An integer comes back as an int, so messages word it as torch's do."""
     if not num_workers:
         if timeout != 0:
             raise TimeoutWithoutWorkersError(
@@ -140,6 +141,8 @@ def check_timeout_at_iter(timeout: Any, num_workers: int) -> float:
     if math.isinf(seconds * 1000):  # the wait counts milliseconds: 1e308 s is finite, not its ms
         raise OverflowError(f"timeout={timeout!r} cannot bound a wait (too long to count in milliseconds): "
                             "pass timeout=0 to wait forever")
+    if isinstance(timeout, numbers.Integral) and not isinstance(timeout, bool):
+        return int(timeout)  # kept an int: messages then read "after 1 seconds", as torch's (not "1.0")
     return seconds
 
 

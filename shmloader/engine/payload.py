@@ -1,4 +1,5 @@
-"""The worker spec as spawn and forkserver workers receive it: cloudpickled, once per pool.
+"""The worker spec as spawn and forkserver workers receive it: cloudpickled, once per pool (or, when
+it holds multiprocessing objects, pickled by each ``Process.start``).
 
 Owns nothing; runs in the main process. Promises: the bytes that each such worker unpickles, or,
 when a part of the spec does not pickle, an error of the same type that names the loader argument
@@ -20,14 +21,25 @@ _ARGUMENTS = {"dataset": "dataset", "collate_fn": "collate_fn", "worker_init_fn"
               "collate_rules": "plugins' collate rules"}
 
 
-def pickled_spec(spec: WorkerSpec, start_method: str) -> bytes:
-    """``cloudpickle.dumps(spec)``; a failure names the argument that does not pickle."""
+def pickled_spec(spec: WorkerSpec, start_method: str) -> bytes | WorkerSpec:
+    """``cloudpickle.dumps(spec)``; a failure names the argument that does not pickle.
+
+    A spec holding multiprocessing objects (Lock, Event, Value, Queue: they pickle only while a
+    process starts) comes back as it is: ``Process.start`` then pickles it for each worker, as
+    torch's workers receive their dataset."""
     import cloudpickle
 
     try:
         return cloudpickle.dumps(spec)
     except Exception as exc:
+        if _shared_by_inheritance_only(exc):
+            return spec
         raise _unpicklable(spec, start_method, exc) from exc
+
+
+def _shared_by_inheritance_only(exc: Exception) -> bool:
+    """multiprocessing's refusal to pickle its objects outside ``Process.start`` (assert_spawning)."""
+    return isinstance(exc, RuntimeError) and "should only be shared between processes through inheritance" in str(exc)
 
 
 def _unpicklable(spec: WorkerSpec, start_method: str, exc: Exception) -> BaseException:

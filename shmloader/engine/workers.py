@@ -208,7 +208,7 @@ class WorkerPool:
         self._fork = method == "fork"
         self._forkserver = method == "forkserver"
         # under fork a worker inherits the spec; otherwise it is pickled once here, for every start
-        self._payload: Any = spec if self._fork else pickled_spec(spec, method)
+        self._payload: Any = spec if self._fork else pickled_spec(spec, method)  # bytes, or the spec (payload.py)
         self.workers: list[WorkerHandle] = []
         self.backlog: set[WorkerHandle] = set()  # workers whose outbox holds bytes not yet written
         self.generation = 0  # changes whenever ``workers`` does: a poll set over them is rebuilt
