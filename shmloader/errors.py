@@ -57,6 +57,7 @@ __all__ = [
     "PluginError",
     "StateError",
     "describe_exit",
+    "signal_name",
     "format_indices",
     "format_tasks",
     "rebuild_worker_exception",
@@ -273,12 +274,16 @@ def describe_exit(exitcode: int | None) -> str:
                     "its children and drops their status)")
         return "no exit code (still running)"
     if exitcode < 0:
-        try:
-            name = _signal.Signals(-exitcode).name
-        except ValueError:
-            name = "unknown signal"
-        return f"signal {name} ({-exitcode})"
+        return f"signal {signal_name(-exitcode)} ({-exitcode})"
     return f"exit code {exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``unknown signal`` for a number no signal has."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
 
 
 def rebuild_worker_exception(

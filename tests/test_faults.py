@@ -43,7 +43,9 @@ METHODS = [m for m in ("fork", "spawn") if m in multiprocessing.get_all_start_me
 WHERES = ("start", "init", "getitem", "collate", "pickle", "task")
 HOWS = ("raise", "kill", "segv", "exit", "hang_timeout", "hang_task_timeout")
 HANG_S = 0.5
-DEATHS = {"kill": r"signal SIGKILL \(9\)", "segv": r"signal SIGSEGV \(11\)", "exit": r"exit code 3"}
+# torch's words first (what logs and retry wrappers search for), then the signal's name and number
+DEATHS = {"kill": r"is killed by signal: Killed \(SIGKILL, 9\)", "segv": r"is killed by signal: Segmentation fault \(SIGSEGV, 11\)",
+          "exit": r"exited unexpectedly with exit code 3"}
 EXITCODES = {"kill": -9, "segv": -11, "exit": 3}
 
 
@@ -83,7 +85,7 @@ def expected(where: str, how: str) -> tuple[type[BaseException], str]:
     if how in DEATHS:
         held = ("while starting .*before it took a task" if starting else
                 rf"while running task {task} \(sample indices {idx}\)")
-        return WorkerDied, rf"^DataLoader worker 0 \(pid \d+\) exited unexpectedly with {DEATHS[how]} {held}"
+        return WorkerDied, rf"^DataLoader worker \(pid \d+\) {DEATHS[how]}\. Worker 0 died {held}"
     if how == "hang_timeout":
         return WorkerTimeout, (rf"^DataLoader timed out after {HANG_S} seconds\. Outstanding: task 0: indices "
                                r"\[0\.\.1\].*held by worker 0 \(pid \d+\)")
@@ -149,7 +151,7 @@ def test_death_is_reported_within_a_second(method: str, tmp_path: Any) -> None:
     stamp = str(tmp_path / "died_at")
     loader: DataLoader[Any] = DataLoader(fd.StampAndDie(stamp), batch_size=2, num_workers=2,
                                          multiprocessing_context=method)
-    with pytest.raises(WorkerDied, match=r"SIGKILL \(9\) while running task 4 \(sample indices \[8\.\.9\]\)"):
+    with pytest.raises(WorkerDied, match=r"SIGKILL, 9\)\. Worker 0 died while running task 4 \(sample indices \[8\.\.9\]\)"):
         for _ in loader:
             pass
     latency_s = time.time() - float(open(stamp).read())
@@ -192,8 +194,8 @@ def test_died_message_facts_then_hints_then_remedy(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(shm_space, "shm_free_bytes", lambda d: 4096)
     exc = faults.died(2, 1234, -7, {5: [10, 11], 6: [12, 13]}, "/dev/shm")
     lines = str(exc).splitlines()
-    assert lines[0] == ("DataLoader worker 2 (pid 1234) exited unexpectedly with signal SIGBUS (7) while running "
-                        "task 5 (sample indices [10..11]); it also held task 6 (sample indices [12..13]).")
+    assert lines[0] == ("DataLoader worker (pid 1234) is killed by signal: Bus error (SIGBUS, 7). Worker 2 died while "
+                        "running task 5 (sample indices [10..11]); it also held task 6 (sample indices [12..13]).")
     assert lines[1].startswith("hint: SIGBUS often means /dev/shm ran out of space; it has 4096 bytes free")
     assert "on_worker_death='restart'" in lines[2]
     assert (exc.worker_id, exc.pid, exc.signal, exc.tasks) == (2, 1234, 7, {5: [10, 11], 6: [12, 13]})

@@ -33,7 +33,7 @@ def test_a_worker_death_is_raised_while_a_helper_it_forked_lives(method: str, tm
                                          worker_init_fn=pd.StartsHelper(str(tmp_path)), multiprocessing_context=method)
     started = time.monotonic()
     try:
-        with pytest.raises(WorkerDied, match=r"worker \d \(pid \d+\) exited unexpectedly with signal SIGKILL"):
+        with pytest.raises(WorkerDied, match=r"worker \(pid \d+\) is killed by signal: Killed \(SIGKILL, 9\)\. Worker \d died"):
             list(loader)
         elapsed = time.monotonic() - started
     finally:

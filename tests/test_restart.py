@@ -165,7 +165,7 @@ def test_a_worker_that_cannot_start_is_reported_after_two_attempts_not_restarted
     assert type(exc) is WorkerDied and exc.exitcode == 3  # not RestartBudgetExceeded after 16 replays
     # each worker is started at most twice (one of them may fail twice before the other's death is seen)
     assert 1 <= loader.stats()["worker_restarts"] <= 2
-    assert re.search(r"exit code 3 while starting .* before it took a task.*, on each of 2 attempts in a row\.",
+    assert re.search(r"exit code 3\. Worker \d died while starting .* before it took a task.*, on each of 2 attempts in a row\.",
                      str(exc)), str(exc)
     assert "on_worker_death='restart'" not in str(exc)  # a restart starts it the same way again
 
@@ -200,7 +200,7 @@ def test_max_restarts_bounds_deaths_spread_over_tasks(tmp_path: Any) -> None:
     loader: DataLoader[Any] = DataLoader(fd.PlannedFaults(N, str(tmp_path), plan), batch_size=BATCH, num_workers=2,
                                          on_worker_death="restart", max_restarts=4)
     got = []
-    with pytest.raises(RestartBudgetExceeded, match=r"SIGKILL \(9\) while running task \d+ .*max_restarts=4"):
+    with pytest.raises(RestartBudgetExceeded, match=r"SIGKILL, 9\): worker \d, which died while running task \d+ .*max_restarts=4"):
         for b in loader:
             got.append(b.copy())
     assert loader.stats()["worker_restarts"] == 4

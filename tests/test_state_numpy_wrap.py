@@ -1,6 +1,6 @@
 """A saved numpy generator state that numpy takes only by changing it is refused, whatever numpy.
 
-numpy before 2.0 (the floor is 1.23) wraps an out-of-range integer in a bit generator's state
+numpy before 2.0 (the floor is 1.24) wraps an out-of-range integer in a bit generator's state
 instead of raising: a PCG64 state of -1 was set as 2**128 - 1. The check that a state is one
 numpy can set then passed, and a corrupt state loaded a stream the saving run never drew from.
 Here ``PCG64`` is replaced by one whose setter wraps as that numpy does, so the current numpy of

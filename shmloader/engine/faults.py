@@ -34,6 +34,7 @@ from shmloader.errors import (
     format_tasks,
     plain_indices,
     rebuild_worker_exception,
+    signal_name,
 )
 from shmloader.transport import exc_types, shm_space
 from shmloader.worker.pipes import LOST_PIPE_EXIT
@@ -179,6 +180,17 @@ def _held(tasks: Tasks, starting: bool) -> str:
             + (f"; it also held {rest}" if rest else ""))
 
 
+def torch_words(pid: int | None, exitcode: int | None) -> str:
+    """torch's own words for a dead worker, which logs and retry wrappers search for: "DataLoader
+    worker (pid N) is killed by signal: Killed" (the signal's description), or "... exited
+    unexpectedly with exit code 3"; ours add the signal's name and number."""
+    if exitcode is not None and exitcode < 0:
+        name = signal_name(-exitcode)
+        text = signal.strsignal(-exitcode) or name
+        return f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name}, {-exitcode})"
+    return f"DataLoader worker (pid {pid}) exited unexpectedly with {describe_exit(exitcode)}"
+
+
 def died(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
          *, iterable: bool = False, starting: bool = False, start_method: str = "fork",
          attempts: int = 1) -> WorkerDied:
@@ -188,8 +200,8 @@ def died(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, sh
     while starting is never advised to be restarted: a restart starts it the same way again.
     """
     lines = [
-        f"DataLoader worker {worker_id} (pid {pid}) exited unexpectedly with {describe_exit(exitcode)} "
-        f"{_held(tasks, starting)}" + (f", on each of {attempts} attempts in a row." if attempts > 1 else "."),
+        f"{torch_words(pid, exitcode)}. Worker {worker_id} died {_held(tasks, starting)}"
+        + (f", on each of {attempts} attempts in a row." if attempts > 1 else "."),
         *hints(shm_dir, exitcode),
     ]
     if starting:
@@ -226,10 +238,11 @@ def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: T
                  max_restarts: int, *, starting: bool = False, cause: str | None = None) -> RestartBudgetExceeded:
     """The restart budget spent by this death; ``cause``: the loader's kill for a hang (``hang_cause``),
     which the message names instead of the signal, with the deadline to raise."""
-    how = cause or f"exited unexpectedly with {describe_exit(exitcode)}"
+    how = (f"DataLoader worker {worker_id} (pid {pid}) {cause}" if cause
+           else f"{torch_words(pid, exitcode)}: worker {worker_id}, which died")
     advice = ("or task_timeout_s (SHMLOADER_TASK_TIMEOUT_S), or find why it hangs" if cause
               else "or find what kills workers")
-    msg = (f"DataLoader worker {worker_id} (pid {pid}) {how} {_held(tasks, starting)}, and the restart budget "
+    msg = (f"{how} {_held(tasks, starting)}, and the restart budget "
            f"of max_restarts={max_restarts} restarts this epoch is spent. Raise max_restarts "
            f"(SHMLOADER_MAX_RESTARTS) {advice}.")
     return RestartBudgetExceeded(msg, worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
