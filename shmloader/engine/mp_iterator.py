@@ -200,6 +200,18 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 self._guard.close_pipe()
                 live.IN_PROCESS.discard(self)
 
+    # torch's private names, for code written against torch's iterator (its own test suite,
+    # teardown helpers): the workers' processes, and the shutdown that close() is here
+    @property
+    def _workers(self) -> list[Any]:
+        """The workers' ``multiprocessing`` process objects, as torch's ``_workers`` lists them."""
+        pool = self.__dict__.get("_pool")
+        return [w.process for w in pool.workers] if pool is not None else []
+
+    def _shutdown_workers(self) -> None:
+        """torch's name for stopping the workers: :meth:`close`."""
+        self.close()
+
     def __del__(self) -> None:
         try:
             self.close()
