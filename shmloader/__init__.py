@@ -29,6 +29,7 @@ from shmloader.errors import (
     RingExhausted,
     ShmSpaceError,
     StateError,
+    TooManyOpenFiles,
     WorkerDied,
     WorkerHung,
     WorkerTimeout,
@@ -53,7 +54,7 @@ __all__ = [
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
     "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderClosed", "LoaderError", "PluginError", "PoisonTask", "RandomSampler",
     "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "StackDataset", "StateError",
-    "Subset", "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler", "WorkerDied", "WorkerHung",
+    "Subset", "SubsetRandomSampler", "TensorDataset", "TooManyOpenFiles", "WeightedRandomSampler", "WorkerDied", "WorkerHung",
     "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert", "get_worker_info", "hookimpl", "random_split",
     "to_device", "__version__",
 ]

@@ -12,6 +12,7 @@ Every error raised while loading subclasses something a torch user already catch
     │       ├── WorkerTimeout       no batch within ``timeout=`` seconds (torch's wording)
     │       │   └── WorkerHung      a worker exceeded the per-task deadline and was killed
     │       ├── ShmSpaceError       the ring does not fit in the shared-memory directory
+    │       ├── TooManyOpenFiles    out of file descriptors as a slot was made (also an OSError)
     │       ├── SegmentCollision    no fresh segment name could be created (taken each time)
     │       ├── RingExhausted       the ring hit its slot limit while the user holds every slot
     │       ├── DescriptorError     a worker's descriptor failed validation (bug or corruption)
@@ -48,6 +49,7 @@ __all__ = [
     "WorkerTimeout",
     "WorkerHung",
     "ShmSpaceError",
+    "TooManyOpenFiles",
     "SegmentCollision",
     "RingExhausted",
     "DescriptorError",
@@ -149,6 +151,13 @@ class WorkerTimeout(LoaderError):
 
 class WorkerHung(WorkerTimeout):
     """A worker exceeded the per-task deadline and was killed (``task_timeout_s``)."""
+
+
+class TooManyOpenFiles(OSError, LoaderError):
+    """The process (or system) ran out of file descriptors as a slot was made: each slot keeps one
+    open, and each batch the caller holds keeps its slot. An OSError with its errno (EMFILE or
+    ENFILE), and a LoaderError, as torch raises a RuntimeError when held batches exhaust them.
+    Pickles as an OSError does (errno and message: ``OSError.__reduce__`` comes first)."""
 
 
 class ShmSpaceError(LoaderError):

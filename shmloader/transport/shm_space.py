@@ -16,7 +16,7 @@ import errno
 import os
 from collections.abc import Iterator
 
-from shmloader.errors import ShmSpaceError
+from shmloader.errors import ShmSpaceError, TooManyOpenFiles
 from shmloader.rlimits import soft_limit
 
 
@@ -104,10 +104,14 @@ def _file_size_error(exc: OSError, shm_dir: str, nbytes: int) -> OSError:
                    f"one slot each). Use smaller batches, or {fsize.remedy()}", exc.filename)
 
 
-def _descriptors_error(exc: OSError, shm_dir: str) -> OSError:
-    """Out of file descriptors while making a segment: the same errno, and what to do about it."""
+def _descriptors_error(exc: OSError, shm_dir: str) -> TooManyOpenFiles:
+    """Out of file descriptors while making a segment: the same errno, and what to do about it
+    (torch's advice for its own shared tensors, ``set_sharing_strategy``, does not apply)."""
     nofile = soft_limit("RLIMIT_NOFILE")
     limit = "the system's limit" if exc.errno == errno.ENFILE else f"this process's {nofile.describe()}"
-    return OSError(exc.errno, f"cannot create a shared-memory segment in {shm_dir}: too many open files ({limit}). "
-                   "Each slot keeps one descriptor open, and each batch you hold keeps its slot: hold fewer "
-                   f"batches at once (copy what you keep, e.g. batch.copy()), or {nofile.remedy()}", exc.filename)
+    return TooManyOpenFiles(
+        exc.errno, f"cannot create a shared-memory segment in {shm_dir}: too many open files ({limit}). "
+        "Each slot keeps one descriptor open, and each batch you hold keeps its slot: hold fewer batches at "
+        f"once (copy what you keep, e.g. batch.copy()), or {nofile.remedy()}. (torch's "
+        "torch.multiprocessing.set_sharing_strategy('file_system') does not apply: the slots are not torch's "
+        "shared tensors.)", exc.filename)
