@@ -13,7 +13,8 @@ EXPECTED = {
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
     "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderClosed", "LoaderError", "PluginError", "PoisonTask",
     "RandomSampler", "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError",
-    "StackDataset", "StateError", "Subset", "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler",
+    "StackDataset", "StateError", "Subset", "SubsetRandomSampler", "TensorDataset", "TooManyOpenFiles",
+    "WeightedRandomSampler",
     "WorkerDied", "WorkerHung", "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert",
     "get_worker_info", "hookimpl", "random_split", "to_device", "__version__",
 }
@@ -27,8 +28,9 @@ def test_all_is_exactly_the_public_surface():
 
 def test_runtime_errors_subclass_what_torch_users_catch():
     for cls in (shmloader.WorkerDied, shmloader.WorkerTimeout, shmloader.PoisonTask, shmloader.WorkerHung,
-                shmloader.RestartBudgetExceeded, shmloader.ShmSpaceError):
+                shmloader.RestartBudgetExceeded, shmloader.ShmSpaceError, shmloader.TooManyOpenFiles):
         assert issubclass(cls, RuntimeError)
+    assert issubclass(shmloader.TooManyOpenFiles, OSError)  # its errno, as the OSError it was
     assert issubclass(shmloader.ConfigError, ValueError) and issubclass(shmloader.StateError, ValueError)
 
 
