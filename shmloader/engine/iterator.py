@@ -310,21 +310,23 @@ class SingleProcessIter(BaseIter):
                 self._pending = None
                 raise
             except Exception as exc:
-                self._pending = None
-                note(exc, _where(pending, self._iterable))  # what a worker's error says in its message
-                self._batch_failed(task, exc)
+                self._failed(pending, exc)
                 raise
         t2 = time.perf_counter()
         try:
             batch = self._plan.finish(batch)  # pinning's copy: a Ctrl-C there leaves the task pending too
         except Exception as exc:
-            # a pinning failure: the batch's error, handed out in its place, so also counted
-            # yielded (an iterable dataset's resume fast-forwards by that count)
-            self._pending = None
-            note(exc, _where(pending, self._iterable))
-            self._batch_failed(task, exc)
+            self._failed(pending, exc)
             raise
         return batch, (t1 - t0, t2 - t1, t2 - t0)
+
+    def _failed(self, pending: Pending, exc: BaseException) -> None:
+        """The batch's own error (its fetch, collate or pinning copy), handed out in its place: so
+        also counted yielded (an iterable dataset's resume fast-forwards by that count), with a note
+        naming its batch and samples, as a worker's error names them in its message."""
+        self._pending = None
+        note(exc, _where(pending, self._iterable))
+        self._batch_failed(pending.task, exc)
 
 
 def _where(pending: Pending, iterable: bool) -> str:
