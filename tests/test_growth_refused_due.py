@@ -98,3 +98,35 @@ def test_a_growth_refused_while_reserving_waits_for_the_batches_due_before_it(mo
         _check_batch_zero_then_refusal(_iter(loader))
     finally:
         loader.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_growth_refused_while_reserving_the_last_task_is_raised_not_waited_for(monkeypatch):
+    """The refusal met in ``_grow`` is due at once when it is the only task left: the step loop
+    hands it out instead of sleeping in a wait that no worker will end (the loader hung there)."""
+    reserve = os.posix_fallocate
+
+    def full_past_the_first_part(fd: int, offset: int, length: int) -> None:
+        if offset > 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        reserve(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full_past_the_first_part)
+    loader = shmloader.DataLoader(_OneBig(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    it = iter(loader)
+    try:
+        with pytest.raises(ShmSpaceError, match="No space left on device"):
+            next(it)
+        assert mp_iter(it).closed and multiprocessing.active_children() == []
+    finally:
+        loader.close()
+
+
+class _OneBig(shmloader.Dataset):
+    """One sample, four times the first slot: one task, whose slot must grow."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(BIG, float(i))

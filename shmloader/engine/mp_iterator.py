@@ -275,6 +275,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                     raise StopIteration
                 if self._growths.waiting:
                     self._grow()  # slots too small for their batch grow while nothing is due
+                    if self._reorder.has_due():
+                        continue  # a growth refused there is its task's outcome, maybe due now: no wait
                 self._wait(started)
         except (StopIteration, LoaderClosed):
             raise  # the epoch's end; or close(), which shuts down cleanly as next() returns

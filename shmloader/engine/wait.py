@@ -304,7 +304,9 @@ class WaitAndRecover(RecoverDeaths):
         """Reserve growing slots a part at a time, the earliest task first, and send each task
         again once its slot has grown; return as soon as a reply or a death waits, so that a batch
         that became due meanwhile is delivered first (issue 16). Called instead of blocking: when
-        it returns, either nothing grows any more or ``_wait`` has something to read at once."""
+        it returns, either nothing grows any more or ``_wait`` has something to read at once; a
+        growth refused here is its task's outcome (``_refused``), which the step loop hands out
+        when due rather than waiting (tests/test_growth_refused_due.py)."""
         poller, _by_fd = self._poller()
         while self._growths.waiting:
             try:
