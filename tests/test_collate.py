@@ -275,15 +275,28 @@ def test_string_and_object_arrays_raise_torchs_type_error(batch: list[Any]) -> N
     [([np.float64(1), "a"], r"found <class 'str'> \(at batch\['v'\]\)"),
      ([np.float64(1), np.str_("a")], r"found <class 'numpy.str_'> \(at batch\['v'\]\)"),
      ([np.int8(1), None], r"found <class 'NoneType'> \(at batch\['v'\]\)"),
-     ([1.0, None], r"floats .* numpy made dtype object \(at batch\['v'\]\)"),
-     ([1.0, "a"], r"floats .* numpy made dtype <U\d+ \(at batch\['v'\]\)"),
-     ([1.0, [1.0, 2.0]], r"floats .* \(at batch\['v'\]\)"),
-     ([1j, None], r"complex numbers .* numpy made dtype object \(at batch\['v'\]\)"),
-     ([1j, b"a"], r"complex numbers .* numpy made dtype \|S\d+ \(at batch\['v'\]\)")],
+     ([1.0, None], r"floats .* numpy made dtype object \(at batch\['v'\]"),
+     ([1.0, "a"], r"floats .* numpy made dtype <U\d+ \(at batch\['v'\]"),
+     ([1.0, [1.0, 2.0]], r"floats .* \(at batch\['v'\]"),
+     ([1j, None], r"complex numbers .* numpy made dtype object \(at batch\['v'\]"),
+     ([1j, b"a"], r"complex numbers .* numpy made dtype \|S\d+ \(at batch\['v'\]")],
 )
 def test_numbers_mixed_with_non_numbers_raise_type_error_naming_the_field(
     batch: list[Any], match: str
 ) -> None:
+    with pytest.raises(TypeError, match=match):
+        collate([{"v": sample} for sample in batch], RecordingAlloc())
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [([1, 2, None], r"ints .* \(at batch\['v'\]: entry 0 is a int, entry 2 a NoneType\)"),
+     ([1.0, "a"], r"floats .* \(at batch\['v'\]: entry 0 is a float, entry 1 a str\)"),
+     ([1.0, [1.0, 2.0]], r"floats .* \(at batch\['v'\]: entry 0 is a float, entry 1 a list\)"),
+     ([1j, 2j, b"a"], r"complex numbers .* \(at batch\['v'\]: entry 0 is a complex, entry 2 a bytes\)")],
+)
+def test_numbers_mixed_with_non_numbers_name_the_entry(batch: list[Any], match: str) -> None:
+    """The numpy flavour's error says which sample is not a number, as the torch flavour's does."""
     with pytest.raises(TypeError, match=match):
         collate([{"v": sample} for sample in batch], RecordingAlloc())
 

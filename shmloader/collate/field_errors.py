@@ -54,10 +54,12 @@ def name_field(error: BaseException, batch: Sequence[Any], ctx: CollateContext) 
     args = error.args
     if not args or not isinstance(args[0], str) or where in args[0]:
         return
-    error.args = (f"{args[0]} ({where}{_mixed_entries(batch)})", *args[1:])
+    error.args = (f"{args[0]} ({where}{mixed_entries(batch)})", *args[1:])
 
 
-def _mixed_entries(batch: Sequence[Any]) -> str:
+def mixed_entries(batch: Sequence[Any]) -> str:
+    """``": entry 0 is a int, entry 2 a NoneType"``: the first entry whose type is not entry 0's,
+    or "" when every entry's type is entry 0's."""
     first = type(batch[0])
     index = next((i for i, sample in enumerate(batch) if type(sample) is not first), None)
     if index is None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.collate.context import CollateContext
-from shmloader.collate.field_errors import CollateShapeError
+from shmloader.collate.field_errors import CollateShapeError, mixed_entries
 from shmloader.kept import note
 
 __all__ = [
@@ -238,10 +238,7 @@ def _numbers_array(batch: Sequence[Any], what: str, kinds: str, ctx: CollateCont
 
 
 def _not_numbers(batch: Sequence[Any], what: str, detail: str, ctx: CollateContext) -> TypeError:
-    return TypeError(
-        f"cannot collate a batch of {what} with {type(batch[0])} first into one array: "
-        f"{detail} (at {ctx.path})"
-    )
+    return TypeError(f"cannot collate {what} into one array: {detail} (at {ctx.path}{mixed_entries(batch)})")
 
 
 def _write_scalars(
