@@ -12,7 +12,10 @@ kernel's ENOSPC is not). Scenarios:
    would grow, and the batches before it were delivered intact;
 3. ``filled``: another process fills the directory while the loader runs: the slots already made
    are reserved (``posix_fallocate``), so the epoch completes, with no SIGBUS, as long as the ring
-   need not grow.
+   need not grow;
+4. ``held``: the caller keeps every batch (``list(loader)``) of ``--held`` batches of 64 bytes, with
+   two workers: each held batch must cost about its own pages, not a whole slot, so all of them
+   fit (before held slots were trimmed, 7be46e3, 13 fitted in 16 MiB).
 
 Every scenario must also leave no process and no segment. Ends with one ``PASS ...`` line (exit 0)
 or ``FAIL ...`` line (exit 1).
@@ -73,7 +76,8 @@ def budget_dir(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 def _used(path: str) -> int:
-    return sum(os.stat(os.path.join(path, n)).st_size for n in os.listdir(path))
+    """Bytes the directory's files take (their allocated blocks: a trimmed segment keeps its size)."""
+    return sum(os.stat(os.path.join(path, n)).st_blocks * 512 for n in os.listdir(path))
 
 
 def preflight(path: str, a: argparse.Namespace) -> str:
@@ -122,8 +126,27 @@ def filled(path: str, a: argparse.Namespace) -> str:
     return f"filled: {len(got)} batches intact, 12 of them after the directory filled up"
 
 
+def held(path: str, a: argparse.Namespace) -> str:
+    loader: DataLoader = DataLoader(Growing(4 * a.held, 2, 0), batch_size=4, num_workers=2)  # 4 x 2 float64
+    kept: list[np.ndarray] = []
+    peak = 0
+    try:
+        for batch in loader:
+            kept.append(batch)
+            peak = max(peak, _used(path))
+    except ShmSpaceError as exc:
+        raise AssertionError(f"only {len(kept)} of {a.held} held batches of 64 bytes fit, then ShmSpaceError "
+                             f"(needed {exc.needed_bytes}, free {exc.free_bytes})") from exc
+    finally:
+        loader.close()
+    assert all(np.array_equal(b[:, 0], np.arange(4 * k, 4 * k + 4, dtype=np.float64)) for k, b in enumerate(kept))
+    # a reported budget is not enforced by the kernel: what the held batches took must fit it all the same
+    assert peak <= a.budget_mib * MIB, f"{len(kept)} held batches of 64 bytes took {peak} bytes of the directory"
+    return f"held: {len(kept)} batches of 64 bytes held and intact, at most {peak} bytes of the directory in use"
+
+
 SCENARIOS: dict[str, Callable[[str, argparse.Namespace], str]] = {
-    "preflight": preflight, "growth": growth, "filled": filled}
+    "preflight": preflight, "growth": growth, "filled": filled, "held": held}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget-mib", type=int, default=16)
     p.add_argument("--dir", default="", help="use this (small) directory instead of a new tmpfs")
+    p.add_argument("--held", type=int, default=200, help="batches the held scenario keeps")
     p.add_argument("--only", choices=sorted(SCENARIOS), action="append", help="run only these scenarios")
     return p
 

@@ -5,7 +5,8 @@ of ~64 KiB samples, keeping the last couple of batches alive as a training step 
 warm-up epochs it records, with psutil, the RSS of the main process and of the workers and the bytes
 and number of our segments in the shm directory; at the end each must be within a tolerance of that
 baseline (RSS: ``--rss-slack-mib``; shm: not one byte more). Then ``close()`` must leave no process
-and no segment. Ends with one ``PASS ...`` line (exit 0) or ``FAIL ...`` line (exit 1).
+and no segment. The shuffle order is drawn from ``--seed`` (default 0, printed with the figures).
+Ends with one ``PASS ...`` line (exit 0) or ``FAIL ...`` line (exit 1).
 
     python stress/soak.py --seconds 3600 --epochs 1000000    # an hour
 """
@@ -16,6 +17,7 @@ import argparse
 import collections
 import os
 import time
+from typing import Any
 
 import _common as c
 import numpy as np
@@ -50,7 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--floats", type=int, default=8192, help="float64 values per sample (8192 = 64 KiB)")
     p.add_argument("--rss-slack-mib", type=float, default=24.0, help="allowed RSS growth per process group")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle's seed (the loader's generator=)")
     return p
+
+
+def make_loader(a: argparse.Namespace) -> DataLoader:
+    """The loader under soak: shuffled by ``--seed``, persistent workers (when it has any)."""
+    extra: dict[str, Any] = {}
+    if a.workers:
+        extra = dict(multiprocessing_context=a.method, persistent_workers=True)
+    return DataLoader(BigSamples(a.samples, a.floats), batch_size=a.batch_size, shuffle=True, generator=a.seed,
+                      num_workers=a.workers, **extra)
+
+
+def settings(a: argparse.Namespace) -> str:
+    """What the figures depend on, printed with them."""
+    return f"{a.workers} workers, {a.method}, seed {a.seed}"
 
 
 def shm_usage(shm_dir: str) -> tuple[int, int]:
@@ -82,8 +99,7 @@ def run_epoch(loader: DataLoader, n: int) -> int:
 def main(argv: list[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
     shm_dir = os.environ.get("SHMLOADER_SHM_DIR", "/dev/shm")
-    loader: DataLoader = DataLoader(BigSamples(a.samples, a.floats), batch_size=a.batch_size, shuffle=True,
-                        num_workers=a.workers, multiprocessing_context=a.method, persistent_workers=True)
+    loader = make_loader(a)
     started = time.monotonic()
     base: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -107,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = (f"{epochs} epochs, {batches} batches in {elapsed:.1f} s; main RSS {base['main_mib']:.1f} -> "
                f"{last['main_mib']:.1f} MiB, workers RSS {base['workers_mib']:.1f} -> {last['workers_mib']:.1f} MiB, "
                f"shm {int(base['shm_bytes'])} -> {int(last['shm_bytes'])} bytes in {int(last['segments'])} segments; "
-               f"{a.workers} workers, {a.method}")
+               + settings(a))
     problems = [f"{k} grew by {growth[k]:.1f} MiB" for k in ("main_mib", "workers_mib") if growth[k] > a.rss_slack_mib]
     if growth["shm_bytes"] > 0:
         problems.append(f"shm use grew by {int(growth['shm_bytes'])} bytes")
