@@ -57,7 +57,7 @@ def measure(batches: int, repeats: int, evict_mib: int = 0, workers: int = 2,
 
     with warnings.catch_warnings():  # torch's "more workers than CPUs" warning: meant, here
         warnings.simplefilter("ignore", UserWarning)
-        loader = shmloader.DataLoader(Cached(), batch_size=64, num_workers=workers, persistent_workers=True)
+        loader: shmloader.DataLoader = shmloader.DataLoader(Cached(), batch_size=64, num_workers=workers, persistent_workers=True)
         it: Any = iter(loader)
     template = _warm_up(it, Filled)
     pending: deque[tuple[Any, bytes]] = deque()

@@ -85,6 +85,7 @@ def preflight(path: str, a: argparse.Namespace) -> str:
     try:
         iter(loader)
     except ShmSpaceError as exc:
+        assert exc.free_bytes is not None and exc.needed_bytes is not None, str(exc)
         assert exc.free_bytes < exc.needed_bytes and exc.directory == path, str(exc)
         assert "--shm-size" in str(exc) and "SHMLOADER_SHM_DIR" in str(exc), str(exc)
         assert not c.worker_pids(), "workers were started before the pre-flight failed"

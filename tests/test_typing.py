@@ -24,6 +24,7 @@ def test_mypy_finds_no_errors():
 
 @pytest.mark.timeout(300)
 def test_mypy_finds_no_errors_in_the_tests() -> None:
-    """The tests as well (a few seconds more: the package's run leaves its cache for this one)."""
-    run = _mypy("shmloader", "tests")
+    """The tests, and the scripts the docs' figures come from, as well (a few seconds more: the
+    package's run leaves its cache for this one)."""
+    run = _mypy("shmloader", "tests", "benchmarks", "stress")
     assert run.returncode == 0, run.stdout + run.stderr
