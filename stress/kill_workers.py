@@ -143,7 +143,7 @@ class Run:
         return (f"kill_workers: survived {self.deaths()} worker deaths ({self.loader.stats()['worker_restarts']} "
                 f"restarts) over {self.epochs} epochs, {self.batches} batches delivered exactly once in order, "
                 f"0 lost, 0 duplicated; outside {outside or 'none'}; planted {inside}; {a.workers} workers, "
-                f"{a.method}, {elapsed_s:.1f} s")
+                f"{a.method}, seed {a.seed}, {elapsed_s:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     seen = "/".join(str(run.workers_seen[n]) for n in (0, 1, 2)) + (", persistent" if a.persistent else "")
     figures = (f"{epochs} epochs in {run.pieces} pieces (0/1/2 workers: {seen}), {run.batches} batches as "
                f"uninterrupted; {run.kills} outside SIGKILLs and {faults} planted faults survived; {a.method}, "
-               f"{time.monotonic() - started:.1f} s")
+               f"seed {a.seed}, {time.monotonic() - started:.1f} s")
     c.verdict(not problems, "resume: " + ("; ".join(problems) + " -- " if problems else "") + figures)
 
 

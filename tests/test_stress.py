@@ -35,6 +35,7 @@ def test_kill_workers_short() -> None:
     deaths = int(re.search(r"survived (\d+) worker deaths", last).group(1))  # type: ignore[union-attr]
     assert deaths >= 60
     assert "0 lost, 0 duplicated" in last
+    assert "seed 0," in last  # the figures say how to rerun them
 
 
 @pytest.mark.timeout(120)
@@ -60,6 +61,7 @@ def test_resume_pieces_short(persistent: bool) -> None:
                   timeout_s=110)
     pieces = int(re.search(r"in (\d+) pieces", last).group(1))  # type: ignore[union-attr]
     assert pieces >= 20 and "batches as uninterrupted" in last
+    assert "seed 0," in last  # the figures say how to rerun them
 
 
 @pytest.mark.timeout(120)
