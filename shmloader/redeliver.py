@@ -5,7 +5,9 @@ a lease's finalizer (``transport.lease``: Python swallows a KeyboardInterrupt in
 callback) and the command line's SIGINT handler (``cli.interrupt``: a ``__del__``, the resource
 sharer, a finalizer that swallowed it) both use it. Promises: the handler runs in the main thread,
 as if Ctrl-C had been pressed again, no sooner than ``delay_s`` from the call, so never inside the
-code that called it; the timer is a daemon thread, which never keeps the process alive.
+code that called it; the timer is a daemon thread, which never keeps the process alive. In a
+process forked while a timer is pending, that timer is cancelled (``_cancelled_in_child``): its
+interrupt was the parent's, and its ``cancel()`` returns there at once.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ from __future__ import annotations
 import _thread
 import signal
 import threading
+import weakref
+
+from shmloader import owner
 
 __all__ = ["SOON_S", "interrupt_main_later"]
 
+_PENDING: weakref.WeakSet[threading.Timer] = weakref.WeakSet()  # every timer started, while it lives
 SOON_S = 0.02  # long enough for the caller to have returned: SIGINT's handler then runs at once
 
 
@@ -26,5 +32,20 @@ def interrupt_main_later(delay_s: float = SOON_S) -> threading.Timer:
     timer = threading.Timer(delay_s, _thread.interrupt_main, (signal.SIGINT,))
     timer.daemon = True
     timer.name = "shmloader-ctrl-c-retry"
+    _PENDING.add(timer)
     timer.start()
     return timer
+
+
+def _cancelled_in_child() -> None:
+    """In a forked child: every timer inherited is cancelled, with a fresh event. Its thread was
+    not forked, and it may have held its event's lock at the fork (a moment of each wait, and as it
+    fires): the child's ``cancel()`` then blocked on that lock forever
+    (tests/test_engleft_redeliver_fork.py)."""
+    for timer in list(_PENDING):
+        timer.finished = threading.Event()
+        timer.finished.set()
+    _PENDING.clear()
+
+
+owner.at_fork_in_child(_cancelled_in_child)

@@ -94,6 +94,8 @@ class WaitAndRecover(RecoverDeaths):
             ready = poller.poll(0)
             if not ready and ms != 0:
                 ready = self._head_poller(poller).poll(ms)
+                if ready and self._pool.nudged(ready):  # or by a reply to act on at once: read them all
+                    ready = poller.poll(0)
         else:
             ready = poller.poll(ms)
         if not ready:
@@ -159,7 +161,10 @@ class WaitAndRecover(RecoverDeaths):
         either: waking for it cost the main process a sleep and a wake-up for nothing (issue 16:
         on 2 cores, a fifth of the wake-ups for ``tiny`` and almost half for ``image``; two thirds
         with 8 workers). It waits in its pipe and is read in the wait that finds it there. Deaths
-        are seen at once as before (the sentinels). While slots grow, while a task pipe is polled
+        are seen at once as before (the sentinels). A reply the main process must act on at once
+        (another worker's ``TooSmall``: its slot grows while the due batch is awaited) comes with a
+        byte on the pool's nudge pipe, also polled here, after which every reply waiting is read
+        (tests/test_engleft_nudge.py). While slots grow, while a task pipe is polled
         for room, or when the due task is at no worker, the full set (``poller``) is used.
         """
         if self._growths.waiting or self._room_polled:
@@ -172,7 +177,7 @@ class WaitAndRecover(RecoverDeaths):
             by_fd = self._poller()[1]
             reply = self._pool.workers[rec.worker_id].results.fileno()
             head = self._head_pollers[rec.worker_id] = self._new_poll(
-                [fd for fd, (_w, is_sentinel) in by_fd.items() if is_sentinel or fd == reply])
+                [fd for fd, (_w, is_sentinel) in by_fd.items() if is_sentinel or fd == reply] + [self._pool.nudge_fd])
         return head
 
     def _new_poll(self, fds: Any) -> Any:

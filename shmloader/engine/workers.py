@@ -212,6 +212,26 @@ class WorkerPool:
         self.workers: list[WorkerHandle] = []
         self.backlog: set[WorkerHandle] = set()  # workers whose outbox holds bytes not yet written
         self.generation = 0  # changes whenever ``workers`` does: a poll set over them is rebuilt
+        # every worker's nudge (worker.pipes.PipeWatch.nudge) lands here: see ``nudged``
+        self._nudge_r, self._nudge_w = ctx.Pipe(duplex=False)
+        for end in (self._nudge_r, self._nudge_w):
+            os.set_blocking(end.fileno(), False)
+        self.nudge_fd = self._nudge_r.fileno()
+
+    def nudged(self, ready: list[tuple[int, int]]) -> bool:
+        """Whether a poll's ``ready`` holds the nudge pipe: a worker sent a reply that the main
+        process must act on at once (a ``TooSmall``), possibly while it slept on another worker's
+        pipe. Each nudge waiting is taken, so the pipe wakes no later poll for it."""
+        fd = self.nudge_fd
+        for polled, _event in ready:
+            if polled == fd:
+                try:
+                    while os.read(fd, 4096):
+                        pass
+                except OSError:  # BlockingIOError: none left
+                    pass
+                return True
+        return False
 
     def start_all(self) -> None:
         """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
@@ -241,7 +261,8 @@ class WorkerPool:
             stop = StopFlag(self.ctx)  # its own, clear: a successor is not stopped with its predecessor
             process = self.ctx.Process(  # type: ignore[attr-defined]
                 target=worker_main.run,
-                args=(self._payload, worker_id, task_r, res_w, os.getpid(), self._death_signal_safe(), stop),
+                args=(self._payload, worker_id, task_r, res_w, os.getpid(), self._death_signal_safe(), stop,
+                      self._nudge_w),
                 name=f"shmloader-worker-{worker_id}",
                 daemon=True,
             )
@@ -344,5 +365,8 @@ class WorkerPool:
             for w in workers:
                 w.join(max(0.0, deadline - time.monotonic()))
         finally:  # a Ctrl-C during the polite part: off the list already, so stopped here or never
-            reap_all(workers)
+            try:
+                reap_all(workers)
+            finally:
+                close_pipes(self._nudge_r, self._nudge_w)
 

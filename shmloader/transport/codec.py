@@ -52,6 +52,7 @@ from shmloader.transport.main_names import main_object, main_ref
 from shmloader.transport.torch_views import (
     HeapCopies,
     copy_bytes,
+    fresh_strides,
     leased_tensor,
     strided_record,
     strided_tensor,
@@ -147,12 +148,14 @@ class _Encoder(pickle.Pickler):
     def _tensor(self, t: Any) -> tuple:
         nbytes = t.numel() * t.element_size()
         self.nbytes += nbytes
-        if not t.is_contiguous() or t.is_conj() or t.is_neg():  # a lazy view's storage holds other values
+        shape = tuple(t.shape)
+        if not t.is_contiguous() or t.is_conj() or t.is_neg() or (  # a lazy view's storage holds other values
+                (0 in shape or 1 in shape) and t.stride() != fresh_strides(shape)):  # strides torch's workers keep
             return strided_record(t, self.alloc, self._copies)
         offset = self.alloc.offset_of(t.data_ptr(), nbytes) if nbytes else 0
         if offset is None:
             offset = self._copies.place(t, nbytes)
-        return ("t", offset, nbytes, str(t.dtype), tuple(t.shape))
+        return ("t", offset, nbytes, str(t.dtype), shape)
 
 
 class _NamingEncoder(_Encoder):

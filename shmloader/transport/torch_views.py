@@ -154,6 +154,15 @@ def span_of(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
     return (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * itemsize
 
 
+def fresh_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides (in elements) of a fresh contiguous tensor of ``shape``, as torch computes them
+    (a dimension of size 0 counts as 1): what a ``"t"`` record's tensor gets in the main process."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 1, 0, -1):
+        strides[i - 1] = strides[i] * max(shape[i], 1)
+    return tuple(strides)
+
+
 def torch_dtype(name: str) -> Any:
     """The torch dtype a descriptor names (``"torch.float32"``); ``DescriptorError`` if none."""
     import torch  # a worker sent a tensor, so torch is installed (and usually imported already)

@@ -93,12 +93,13 @@ class WorkerSpec:
 
 
 def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, results: Connection,
-        parent_pid: int, death_signal: bool, stop: StopFlag) -> None:
+        parent_pid: int, death_signal: bool, stop: StopFlag, nudge: Connection | None = None) -> None:
     """Process entry point (``multiprocessing.Process(target=run, ...)``).
 
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
     kernel may kill this worker when that thread ends (``lineage.watch_parent``). ``stop``: set by
-    the main process when it stops this worker; read before each message.
+    the main process when it stops this worker; read before each message. ``nudge``: the write end
+    of the pool's nudge pipe (``PipeWatch.nudge``).
     """
     lineage.start(worker_id, parent_pid, death_signal)
     worker: _Worker | FailedStart
@@ -111,23 +112,28 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     else:
         _send(results, Ready(worker_id, os.getpid()))
     try:
-        serve(worker, tasks, results, parent_pid, os.getppid(), stop.reader())
+        serve(worker, tasks, results, parent_pid, os.getppid(), stop.reader(),
+              nudge.fileno() if nudge is not None else -1)
     finally:
         worker.detach_all()
 
 
 def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection, main_pid: int, ppid: int,
-          stopped: Callable[[bool], bool]) -> None:
+          stopped: Callable[[bool], bool], nudge_fd: int = -1) -> None:
     """Serve the task pipe until told to stop: each task answered on ``results`` in turn, each
     ``Reset`` acknowledged (``ResetDone``) once the worker's iterator is restarted, before any task
     of that epoch is read. ``stopped(False)``: the stop flag, read before each message (some 50
-    ns): once set, whatever is queued is dropped unread."""
+    ns): once set, whatever is queued is dropped unread. A ``TooSmall`` is followed by a nudge
+    (``PipeWatch.nudge``): the main process may be asleep on another worker's pipe."""
     frames = _TaskFrames(tasks)
-    watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno())  # user code may take them away
+    # user code may take them away
+    watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno(), nudge_fd)
 
     def reply(msg: Any) -> None:
         watch.check_reply()
         _send(results, msg)
+        if type(msg) is TooSmall:
+            watch.nudge()
 
     while True:
         lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks

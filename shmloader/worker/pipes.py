@@ -30,9 +30,27 @@ def _identity(fd: int) -> tuple[int, int] | None:
 class PipeWatch:
     """The identities of the worker's pipes, compared with what their descriptors name now."""
 
-    def __init__(self, worker_id: int, tasks_fd: int, results_fd: int) -> None:
+    def __init__(self, worker_id: int, tasks_fd: int, results_fd: int, nudge_fd: int = -1) -> None:
         self.worker_id = worker_id
         self._pipes = {"task": (tasks_fd, _identity(tasks_fd)), "reply": (results_fd, _identity(results_fd))}
+        self._nudge = (nudge_fd, _identity(nudge_fd)) if nudge_fd >= 0 else None
+
+    def nudge(self) -> None:
+        """Wake the main process's wait for the reply just sent, which it must act on at once (a
+        ``TooSmall``: the slot grows while the due batch is awaited), where that wait sleeps on
+        another worker's pipe (``WorkerPool.nudged``): one byte on the pool's nudge pipe, never
+        blocking. Skipped when the pipe is full (a wake-up waits already) or no longer names the
+        pipe (user code took it away: nothing is written into its file; the reply is then read at
+        the main process's next wait, a batch later)."""
+        if self._nudge is None:
+            return
+        fd, identity = self._nudge
+        if _identity(fd) != identity:
+            return
+        try:
+            os.write(fd, b"\0")
+        except OSError:  # BlockingIOError: full (the write end is non-blocking: WorkerPool)
+            pass
 
     def lost(self, names: tuple[str, ...] = ("task", "reply")) -> str | None:
         """What happened to the first of ``names``' pipes whose descriptor no longer names it, or None."""
