@@ -85,3 +85,20 @@ def test_torch_raises_it_at_the_same_batch() -> None:
     with pytest.raises(ValueError, match=r"^Caught ValueError in DataLoader worker process 1\."):
         next(it)
     del it  # its workers are shut down here
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_run_their_init_again_at_the_next_epoch() -> None:
+    """After a start failure the next ``iter()`` of a persistent loader starts fresh workers, whose
+    ``worker_init_fn`` runs, and here raises, again (docs/reliability.md; torch's worker would run
+    that epoch without its init)."""
+    loader: DataLoader[Any] = DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True,
+                                         worker_init_fn=sd.InitRaisesIn(1), multiprocessing_context=METHODS[0])
+    try:
+        for _epoch in range(2):
+            it = iter(loader)
+            assert next(it).tolist() == [0, 1]
+            with pytest.raises(ValueError, match=CAUGHT):
+                next(it)
+    finally:
+        loader.close()
