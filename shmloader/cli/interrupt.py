@@ -19,8 +19,16 @@ or the resource sharer, where it is raised again :data:`RETRY_S` later, up to
 :data:`MAX_DEFERRALS` times (five seconds), then regardless. A KeyboardInterrupt that a finalizer
 swallows anyway reaches ``sys.unraisablehook``: it is not printed but raised again
 :data:`RETRY_S` later (any other unraisable exception goes to the previous hook). On exit
-Python's default handler and the previous hook are back and no retry is pending. Where SIGINT is not Python's default handler (ignored, or someone
-else's) or off the main thread, nothing is installed and :func:`shielded` holds nothing back.
+Python's default handler and the previous hook are back and no retry is pending. Where SIGINT is
+not Python's default handler (ignored, or someone else's) or off the main thread, nothing is
+installed and :func:`shielded` holds nothing back.
+
+A process forked meanwhile (torch's DataLoader workers) inherits the handler, and Ctrl-C, sent to
+the whole process group, reaches it too: there the handler does nothing, ending the children being
+the main process's part (dropping or closing a loader ends its workers). A KeyboardInterrupt in a
+torch worker can land between its taking the lock of its ``done_event`` (``Event.is_set``, every
+batch) and its releasing it; the worker, and the main process shutting it down, then wait on that
+lock forever.
 """
 
 from __future__ import annotations
@@ -60,8 +68,11 @@ class _Handler:
         self.deferrals = 0
         self.retries: list[threading.Timer] = []  # every retry started: all are cancelled at the end
         self.previous_hook = sys.unraisablehook
+        self.pid = os.getpid()  # the process whose Ctrl-C this is, not a forked child's
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # a forked child: the main process ends it (module docstring)
+            return
         if self.shields:
             self.held = True
             return
@@ -79,7 +90,7 @@ class _Handler:
 
     def unraisable(self, args: sys.UnraisableHookArgs) -> None:
         """``sys.unraisablehook``: a KeyboardInterrupt a finalizer swallowed is raised again later."""
-        if isinstance(args.exc_value, KeyboardInterrupt):
+        if isinstance(args.exc_value, KeyboardInterrupt) and os.getpid() == self.pid:
             self.raise_later()
         else:
             self.previous_hook(args)

@@ -3,7 +3,8 @@
 Owns :class:`ThreadedStack`, the ``stack`` callable that ``SingleProcessIter`` (``num_workers=0``)
 passes to ``collate``, and through it a ``helpers.HelperPool``: threads named ``shmloader-collate-N``
 that each copy one chunk of a stack at a time, started at the first large stack and ended by
-``close()`` (the iterator's, as its epoch ends or it is closed) or as the stack is collected.
+``close()`` (the iterator's, as its epoch ends, it is closed or a Ctrl-C leaves its ``next()``) or
+as the stack is collected.
 Runs in the main process only: workers stack with one thread (``rules.stack_into``), as torch's
 workers do, and never start helpers.
 

@@ -22,7 +22,7 @@ from shmloader import state as _state
 from shmloader.collate.heap_pool import HeapPool
 from shmloader.collate.threads import ThreadedStack, stack_for
 from shmloader.engine.caller import LOADER, Caller
-from shmloader.engine.pending import UNFETCHED, UNMADE, Pending, rng_states, seeded
+from shmloader.engine.pending import INTERRUPTS, UNFETCHED, UNMADE, Pending, rng_states, seeded
 from shmloader.engine.plan import Plan
 from shmloader.engine.stepguard import StepGuard
 from shmloader.errors import LoaderClosed, PluginError, format_indices
@@ -159,7 +159,7 @@ class BaseIter:
         except StopIteration:
             self._record.finished = True
             raise
-        except Exception as exc:
+        except BaseException as exc:  # not only an Exception: a dataset's GeneratorExit too
             if exc is self._user_error:  # a batch's error, handed out in its place
                 self._user_error = None  # kept, its traceback would hold this iterator in a cycle
                 self._record.yielded += 1
@@ -182,7 +182,7 @@ class BaseIter:
         while self._fast_forward:
             try:
                 self._next_data()
-            except Exception as exc:
+            except BaseException as exc:
                 if exc is not self._user_error:
                     raise
                 self._user_error = None
@@ -218,11 +218,12 @@ class SingleProcessIter(BaseIter):
     """``num_workers=0``: fetch and collate in the calling thread (large numpy stacks split over the
     ``collate_threads`` of ``collate.threads``, whose helpers end with the epoch), into ordinary
     memory (large arrays into buffers of the iterator's ``collate.heap_pool.HeapPool``, reused once
-    no batch refers to them). The thread inside ``next()`` owns it until that returns
-    (``engine.stepguard``), as it owns the multi-process one: ``next()`` from two threads run one
-    after the other; one inside its own ``next()`` (an observer's hook, the dataset) is refused; a
-    ``close()`` from another thread waits for it, and it raises ``LoaderClosed``, its batch not
-    handed out."""
+    no batch refers to them). An interrupt leaving ``next()`` ends the helpers too; the task it cut
+    short is made again by the next ``next()``, which starts them again. The thread inside
+    ``next()`` owns it until that returns (``engine.stepguard``), as it owns the multi-process one:
+    ``next()`` from two threads run one after the other; one inside its own ``next()`` (an
+    observer's hook, the dataset) is refused; a ``close()`` from another thread waits for it, and it
+    raises ``LoaderClosed``, its batch not handed out."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -257,6 +258,9 @@ class SingleProcessIter(BaseIter):
                 self._record.finished = True  # before the observers: a state they save is the next epoch's start
                 self._plan.events.epoch_end()
             raise
+        except INTERRUPTS:  # the task stays pending; no helper waits idle for a next() that may not come
+            self._stop_helpers()
+            raise
 
     def close(self) -> None:
         """Stop; from another thread while a ``next()`` runs, once that ``next()`` has returned
@@ -270,6 +274,10 @@ class SingleProcessIter(BaseIter):
     def _release(self) -> None:
         """Give up what only a running epoch needs: the batch buffers and the collate helpers."""
         self._pool.clear()
+        self._stop_helpers()
+
+    def _stop_helpers(self) -> None:
+        """End and join the collate helpers; the next large stack starts them again."""
         if isinstance(self._stack, ThreadedStack):
             self._stack.close()
 
@@ -294,7 +302,8 @@ class SingleProcessIter(BaseIter):
 
     def _make(self, pending: Pending) -> tuple[Any, tuple[float, float, float]]:
         """The pending task's batch, fetched, collated and (pin_memory) pinned, and its times (fetch,
-        collate, both); its error is the batch's, raised in its place (``_batch_failed``)."""
+        collate, both); its error is the batch's, raised in its place (``_batch_failed``), whatever
+        its type but an interrupt's (``pending.INTERRUPTS``), which leaves the task pending."""
         task, spec = pending.task, self._spec
         seed = task_seed(self._base_seed, self._record.epoch, task) if self._plan.config.task_seeding else None
         t0 = time.perf_counter()
@@ -309,13 +318,17 @@ class SingleProcessIter(BaseIter):
             except StopIteration:
                 self._pending = None
                 raise
-            except Exception as exc:
+            except INTERRUPTS:  # not the batch's error: it stays pending, made again at the next next()
+                raise
+            except BaseException as exc:
                 self._failed(pending, exc)
                 raise
         t2 = time.perf_counter()
         try:
             batch = self._plan.finish(batch)  # pinning's copy: a Ctrl-C there leaves the task pending too
-        except Exception as exc:
+        except INTERRUPTS:
+            raise
+        except BaseException as exc:
             self._failed(pending, exc)
             raise
         return batch, (t1 - t0, t2 - t1, t2 - t0)

@@ -17,8 +17,11 @@ from typing import Any
 
 from shmloader.worker_info import generate_state, seed_rngs
 
-__all__ = ["UNFETCHED", "UNMADE", "Pending", "rng_states", "seeded"]
+__all__ = ["INTERRUPTS", "UNFETCHED", "UNMADE", "Pending", "rng_states", "seeded"]
 
+# What interrupts a task rather than failing it: the task stays pending. Any other exception (a
+# GeneratorExit or asyncio.CancelledError a dataset raises too) is the batch's own error, as in torch.
+INTERRUPTS = (KeyboardInterrupt, SystemExit)
 UNFETCHED: Any = object()
 UNMADE: Any = object()
 
@@ -58,7 +61,7 @@ def seeded(seed: int | None, pending: Pending, iterable: bool) -> Iterator[None]
         _set_rng_states(pending.rngs)
     try:
         yield
-    except (KeyboardInterrupt, SystemExit):
+    except INTERRUPTS:
         if pending.data is UNFETCHED:
             pending.rngs = rng_states() if iterable else None
         raise
