@@ -98,3 +98,24 @@ def test_ctrl_c_in_a_torch_worker_holding_its_done_event_lock_hangs_nothing(tmp_
             proc.communicate()
     assert (proc.returncode, out) == (0, "[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]\nended\n"), err[-3000:]
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_the_benchs_torch_workers_ignore_ctrl_c(method: str) -> None:
+    """Under spawn or forkserver torch's workers start with Python's own SIGINT handler, not ours,
+    so the bench gives torch's loader a ``worker_init_fn`` that ignores SIGINT in its workers: the
+    same lock cannot be cut short there (the main process ends them)."""
+    pytest.importorskip("torch")
+    from shmloader.cli import measure
+    from shmloader.cli.options import parse_args
+
+    opts = parse_args(["--workloads", "tiny", "--workers", "2", "--start-method", method])
+    loader = measure.make_loader("torch", opts.workloads[0], 2, opts)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert loader.worker_init_fn is not None, "torch's workers keep Python's SIGINT handler"
+        loader.worker_init_fn(0)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -19,6 +19,7 @@ are counted in the record. A KeyboardInterrupt (Ctrl-C) goes on up once the load
 from __future__ import annotations
 
 import gc
+import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -89,6 +90,8 @@ def make_loader(name: str, workload: Workload, num_workers: int, opts: Options) 
     if num_workers > 0:
         kwargs["persistent_workers"] = True
         kwargs["multiprocessing_context"] = opts.start_method
+        if name == "torch":
+            kwargs["worker_init_fn"] = torch_worker_ignores_ctrl_c
     total = opts.warmup + opts.batches_for(workload)
     if name == "shmloader" and opts.epoch_bars:
         from shmloader.builtin.progress import Progress
@@ -96,6 +99,15 @@ def make_loader(name: str, workload: Workload, num_workers: int, opts: Options) 
         desc = f"{workload.name} workers={num_workers}"
         kwargs["plugins"] = [Progress(total=total, desc=desc, leave=False)]
     return loader_class(workload.dataset(total), **kwargs)
+
+
+def torch_worker_ignores_ctrl_c(worker_id: int) -> None:
+    """torch's workers, which Ctrl-C reaches with the whole process group, ignore it: the main
+    process ends them as it drops their loader. A KeyboardInterrupt raised in one while it holds
+    the lock of its ``done_event`` (every batch) left it and the main process waiting on that lock
+    forever (shmloader.cli.interrupt). Forked ones inherit the command line's handler, which does
+    nothing there; started ones (spawn, forkserver) get Python's own, hence this."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def torch_loader_class() -> Any:
