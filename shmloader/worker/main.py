@@ -102,6 +102,10 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     of the pool's nudge pipe (``PipeWatch.nudge``).
     """
     lineage.start(worker_id, parent_pid, death_signal)
+    # what the pipes' descriptors name, read before any user code (the dataset's unpickling,
+    # worker_init_fn) can take them: read after, a file opened onto a closed pipe's number passed
+    # for the pipe, and got the Ready and every nudge (tests/test_adv6_worker_pipes_init.py)
+    watch = PipeWatch(worker_id, tasks.fileno(), results.fileno(), nudge.fileno() if nudge is not None else -1)
     worker: _Worker | FailedStart
     try:
         spec = _load_spec(spec_or_blob)
@@ -110,24 +114,26 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
     except BaseException:  # each task it is sent is answered with this, in its turn (as torch's worker)
         worker = FailedStart(_failure(0, None, sys.exc_info(), starting=True))
     else:
+        watch.check_reply()
         _send(results, Ready(worker_id, os.getpid()))
     try:
-        serve(worker, tasks, results, parent_pid, os.getppid(), stop.reader(),
-              nudge.fileno() if nudge is not None else -1)
+        serve(worker, tasks, results, parent_pid, os.getppid(), stop.reader(), watch)
     finally:
         worker.detach_all()
 
 
 def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection, main_pid: int, ppid: int,
-          stopped: Callable[[bool], bool], nudge_fd: int = -1) -> None:
+          stopped: Callable[[bool], bool], watch: PipeWatch | None = None) -> None:
     """Serve the task pipe until told to stop: each task answered on ``results`` in turn, each
     ``Reset`` acknowledged (``ResetDone``) once the worker's iterator is restarted, before any task
     of that epoch is read. ``stopped(False)``: the stop flag, read before each message (some 50
     ns): once set, whatever is queued is dropped unread. A ``TooSmall`` is followed by a nudge
-    (``PipeWatch.nudge``): the main process may be asleep on another worker's pipe."""
+    (``PipeWatch.nudge``): the main process may be asleep on another worker's pipe. ``watch``: what
+    the pipes' descriptors named as the worker started (``run``), before user code could take them;
+    by default what they name now."""
     frames = _TaskFrames(tasks)
-    # user code may take them away
-    watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno(), nudge_fd)
+    if watch is None:
+        watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno())
 
     def reply(msg: Any) -> None:
         watch.check_reply()

@@ -1,7 +1,8 @@
-"""The worker's two pipes to the main process, and whether user code has taken them away.
+"""The worker's pipes to the main process, and whether user code has taken them away.
 
-Owns the identity (device, inode) of the task pipe's and the reply pipe's descriptors, read as
-the worker starts serving. Runs in each worker. Why: a dataset, ``collate_fn`` or
+Owns the identity (device, inode) of the task pipe's, the reply pipe's and the nudge pipe's
+descriptors, read as the worker starts, before any user code (the dataset's unpickling,
+``worker_init_fn``). Runs in each worker. Why: a dataset, ``collate_fn`` or
 ``worker_init_fn`` that closes descriptors it did not open (``os.closerange``, a daemonising
 library) made the worker take its closed pipe for the main process's end and exit with code 0,
 saying nothing; one that then opened files onto those numbers had the worker write its reply
