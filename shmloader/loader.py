@@ -37,6 +37,7 @@ from shmloader.engine.iterator import BaseIter, SingleProcessIter
 from shmloader.engine import live
 from shmloader.engine.live import LiveIterators
 from shmloader.engine.plan import Plan
+from shmloader.engine.start_limits import limits_named
 from shmloader.epoch_book import EpochBook
 from shmloader.events import Events
 from shmloader.gpu import pinning
@@ -251,10 +252,11 @@ class DataLoader(Generic[T_co]):
                 it: BaseIter = SingleProcessIter(self._plan())
                 self._live.admit(it, ticket)  # it started nothing: a refused one is just dropped
             else:
-                from shmloader.engine.mp_iterator import MultiProcessIter
-
                 self.check_worker_number_rationality()
-                it = MultiProcessIter(self._plan(), functools.partial(self._live.admit, ticket=ticket))
+                with limits_named(self.num_workers):  # a bare "Too many open files": which limit, what to do
+                    from shmloader.engine.mp_iterator import MultiProcessIter
+
+                    it = MultiProcessIter(self._plan(), functools.partial(self._live.admit, ticket=ticket))
         return it
 
     def __len__(self) -> int:

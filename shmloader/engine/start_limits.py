@@ -1,18 +1,24 @@
-"""Why a worker could not start, in the words of the limit it hit.
+"""Why a worker, or the iterator around it, could not start, in the words of the limit it hit.
 
 Owns :func:`explain`: an ``OSError`` raised while starting worker ``i`` of ``num_workers`` (a pipe
 or a fork refused for lack of descriptors, processes or memory) becomes the same type with the same
-errno, whose message names the worker, ``num_workers`` and the limit with its value. Runs in the
-main process, when workers start. Promises: any other error is left as it is (None).
+errno, whose message names the worker, ``num_workers`` and the limit with its value; and
+:func:`limits_named`, which rewords so what a block raises, and, for the iterator's own
+descriptors (``worker_id=None``: its pipes, the directory's listing, its module's file), a bare
+``Too many open files``. Runs in the main process, as ``iter(loader)`` starts. Promises: any other
+error is left as it is (None), and an error already explained is not explained twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
 
+from shmloader.errors import LoaderError
 from shmloader.rlimits import LimitName, soft_limit
 
-__all__ = ["explain"]
+__all__ = ["explain", "limits_named"]
 
 _LIMITS: dict[int, LimitName] = {  # errno -> the resource limit it most likely is
     errno.EMFILE: "RLIMIT_NOFILE",
@@ -21,11 +27,32 @@ _LIMITS: dict[int, LimitName] = {  # errno -> the resource limit it most likely 
 }
 
 
-def explain(exc: OSError, worker_id: int, num_workers: int) -> OSError | None:
-    """``exc`` reworded when it is a limit that ``num_workers`` ran into; None otherwise."""
-    if exc.errno not in _LIMITS and exc.errno != errno.ENOMEM:
+@contextlib.contextmanager
+def limits_named(num_workers: int, worker_id: int | None = None) -> Iterator[None]:
+    """Out of descriptors or processes while starting ``worker_id`` (None: the iterator itself,
+    descriptors only): the error names the limit and ``num_workers``; any other goes on as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.__cause__ is not None or isinstance(exc, LoaderError):  # explained where it was raised
+            raise
+        explained = explain(exc, worker_id, num_workers)
+        if explained is None:
+            raise
+        raise explained from exc
+
+
+def explain(exc: OSError, worker_id: int | None, num_workers: int) -> OSError | None:
+    """``exc`` reworded when it is a limit that ``num_workers`` ran into; None otherwise.
+    ``worker_id=None``: the iterator's own descriptors, before or between its workers' starts."""
+    if worker_id is None:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            return None
+        text = f"iter(loader) could not open the descriptors of its iterator (num_workers={num_workers}): {exc.strerror}"
+    elif exc.errno not in _LIMITS and exc.errno != errno.ENOMEM:
         return None
-    text = f"could not start worker {worker_id} of num_workers={num_workers}: {exc.strerror}"
+    else:
+        text = f"could not start worker {worker_id} of num_workers={num_workers}: {exc.strerror}"
     if exc.errno not in _LIMITS:  # ENOMEM: memory, no limit of this process's to name
         return type(exc)(exc.errno, text + ": lower num_workers (or prefetch_factor), or raise the limit")
     limit = soft_limit(_LIMITS[exc.errno])

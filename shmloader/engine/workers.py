@@ -27,7 +27,6 @@ leaves them alone.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import pickle
@@ -35,7 +34,6 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing import process as mp_process
 from multiprocessing.connection import Connection
@@ -87,19 +85,6 @@ def _disown_inherited() -> None:
 
 
 owner.at_fork_in_child(_after_fork_in_child)  # with the collector held: nothing can run before the freeze
-
-
-@contextlib.contextmanager
-def _limits_named(worker_id: int, num_workers: int) -> Iterator[None]:
-    """Out of descriptors or processes while starting ``worker_id``: the error names the limit and
-    ``num_workers`` (``start_limits.explain``); any other error goes on as it is."""
-    try:
-        yield
-    except OSError as exc:
-        explained = start_limits.explain(exc, worker_id, num_workers)
-        if explained is None:
-            raise
-        raise explained from exc
 
 
 @dataclass(eq=False)
@@ -229,7 +214,7 @@ class WorkerPool:
         self.generation = 0  # changes whenever ``workers`` does: a poll set over them is rebuilt
         # every worker's nudge (worker.pipes.PipeWatch.nudge) lands here: see ``nudged``. The pool's
         # first descriptors: at a limit they are refused as worker 0's own pipes would have been
-        with _limits_named(0, num_workers):
+        with start_limits.limits_named(num_workers, 0):
             self._nudge_r, self._nudge_w = ctx.Pipe(duplex=False)
         for end in (self._nudge_r, self._nudge_w):
             os.set_blocking(end.fileno(), False)
@@ -254,7 +239,7 @@ class WorkerPool:
         """Start every worker; each is in ``workers`` as soon as it runs, so ``shutdown`` stops it
         even when a later one fails to start."""
         for worker_id in range(self.num_workers):
-            with _limits_named(worker_id, self.num_workers):
+            with start_limits.limits_named(self.num_workers, worker_id):
                 self._start(worker_id)
 
     def _start(self, worker_id: int) -> WorkerHandle:
