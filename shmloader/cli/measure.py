@@ -79,7 +79,8 @@ def _close_reporting(loader: Any) -> str | None:
 
 
 def make_loader(name: str, workload: Workload, num_workers: int, opts: Options) -> Any:
-    """The same arguments for both loaders: torch's DataLoader signature."""
+    """The same arguments for both loaders (torch's DataLoader signature), but for the
+    ``worker_init_fn`` that keeps Ctrl-C away from torch's workers (:func:`torch_worker_ignores_ctrl_c`)."""
     loader_class = torch_loader_class() if name == "torch" else shmloader_loader_class()
     kwargs: dict[str, Any] = {
         "batch_size": workload.batch_size,

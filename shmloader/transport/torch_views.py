@@ -111,7 +111,9 @@ def copy_bytes(t: Any) -> int:
 def strided_record(t: Any, alloc: Any, copies: HeapCopies) -> tuple:
     """``("v", offset, span, dtype name, shape, strides, conj, neg)``: a tensor the ``"t"`` record
     cannot describe — not contiguous (transposed, expanded, channels_last) or a lazy conjugate or
-    negative view — with its strides and lazy bits, as the main process and torch's workers have it.
+    negative view — with its strides and lazy bits, as the main process has it (torch 2.13's workers
+    keep the strides but drop the lazy bits, and with them the values: ``x.conj()`` comes back
+    unconjugated, ``torch._neg_view(x)`` as ``x``).
 
     Its stored values (the lazy bits undone: views, no copy) are described where they are when
     they lie in the slot, else copied in once, byte for byte (``HeapCopies``).
