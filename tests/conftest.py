@@ -10,10 +10,21 @@ tracker and the fork server) are shared by every loader of the process and are n
 from __future__ import annotations
 
 import gc
+import signal
 
 import pytest
 from leak_guard import SHM_DIR, all_segments, dead_owners_since
 from leak_guard import leaks as _leaks
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C is Python's in the suite, as in a terminal, however the run was started. A shell runs
+    a background job (``cmd &`` in a script, nohup) with SIGINT ignored, and an ignored signal stays
+    ignored in every process started from it: the tests that send SIGINT to the suite, or to the
+    command lines and workers they start, then waited for an interrupt that never came
+    (tests/test_suite_signals.py). A handler, unlike SIG_IGN, is reset to the default by ``exec``."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
