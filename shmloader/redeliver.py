@@ -41,7 +41,7 @@ def _cancelled_in_child() -> None:
     """In a forked child: every timer inherited is cancelled, with a fresh event. Its thread was
     not forked, and it may have held its event's lock at the fork (a moment of each wait, and as it
     fires): the child's ``cancel()`` then blocked on that lock forever
-    (tests/test_engleft_redeliver_fork.py)."""
+    (tests/test_redeliver_fork.py)."""
     for timer in list(_PENDING):
         timer.finished = threading.Event()
         timer.finished.set()

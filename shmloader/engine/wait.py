@@ -164,7 +164,7 @@ class WaitAndRecover(RecoverDeaths):
         are seen at once as before (the sentinels). A reply the main process must act on at once
         (another worker's ``TooSmall``: its slot grows while the due batch is awaited) comes with a
         byte on the pool's nudge pipe, also polled here, after which every reply waiting is read
-        (tests/test_engleft_nudge.py). While slots grow, while a task pipe is polled
+        (tests/test_wait_nudge.py). While slots grow, while a task pipe is polled
         for room, or when the due task is at no worker, the full set (``poller``) is used.
         """
         if self._growths.waiting or self._room_polled:
