@@ -252,6 +252,11 @@ def test_a_strided_record_is_measured_as_encoded_and_checked_before_any_view(rin
     forged = _forge(("v", 0, 64, "torch.float64", (8, 8), (8, 1), False, False))
     with pytest.raises(DescriptorError, match="reach past"):
         codec.decode(forged, buf, slot.size_bytes)
+    # a zero-size record is checked too: negative or missing strides were taken (or torch's errors)
+    for strides in [(-1, 1), (1,), (2**70, 1)]:
+        forged = _forge(("v", 0, 0, "torch.float64", (0, 3), strides, False, False))
+        with pytest.raises(DescriptorError, match="reach past"):
+            codec.decode(forged, buf, slot.size_bytes)
     del got, buf, alloc
     gc.collect()
 

@@ -130,18 +130,21 @@ def strided_record(t: Any, alloc: Any, copies: HeapCopies) -> tuple:
     return ("v", offset, span, str(t.dtype), tuple(t.shape), tuple(t.stride()), conj, neg)
 
 
+_MAX_STRIDE = 1 << 63  # torch's strides are int64
+
+
 def strided_tensor(u8: np.ndarray, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...],
                    conj: bool, neg: bool, lease: Any) -> Any:
     """The tensor a ``"v"`` record describes, over ``u8`` (its span, a view of ``lease``)."""
     import torch
 
-    if u8.size == 0:
-        return torch.empty_strided(shape, strides, dtype=dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if any(type(s) is not int or s < 0 for s in strides) or len(strides) != len(shape) or \
+    if any(type(s) is not int or not 0 <= s < _MAX_STRIDE for s in strides) or len(strides) != len(shape) or \
             u8.size % itemsize or span_of(shape, strides, itemsize) > u8.size:
         raise DescriptorError(f"descriptor strides {strides} of shape {shape} reach past their "
                               f"{u8.size} bytes; no view was made")
+    if u8.size == 0:  # checked as any other: a zero-size tensor keeps its strides, as torch's do
+        return torch.empty_strided(shape, strides, dtype=dtype)
     made = torch_view(u8, dtype, (u8.size // itemsize,)).as_strided(shape, strides)
     made = torch._neg_view(made) if neg else made
     made = made.conj() if conj else made
