@@ -50,13 +50,20 @@ def one(free: int, method: str) -> list[Any]:
         loader.close()
 
 
+def _semaphores() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")]
+
+
 def main() -> None:
     method, most = sys.argv[1], int(sys.argv[2])
+    semaphores = set(_semaphores())
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     outcomes = [[free, one(free, method)] for free in range(most + 1)]
     prefix = f"shml_{os.getpid()}_"
     left = {"children": len(workers_left(zombies=True)),  # multiprocessing's shared helpers aside
-            "segments": [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]}
+            "segments": [n for n in os.listdir("/dev/shm") if n.startswith(prefix)],
+            # multiprocessing's named semaphores (the workers' stop flags under spawn) this run left
+            "semaphores": sorted(set(_semaphores()) - semaphores)}
     print(json.dumps({"outcomes": outcomes, "left": left}))
 
 

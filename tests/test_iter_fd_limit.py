@@ -41,4 +41,4 @@ def test_every_refused_descriptor_names_the_limit(method: str) -> None:
         assert errno_ == 24 and "RLIMIT_NOFILE" in message, (free, name, message)
         assert "num_workers=2" in message or name == "TooManyOpenFiles", (free, name, message)
     assert all(o == ("ok", True) for o in outcomes.values() if o[0] == "ok"), outcomes
-    assert found["left"] == {"children": 0, "segments": []}
+    assert found["left"] == {"children": 0, "segments": [], "semaphores": []}

@@ -17,6 +17,7 @@ The worker's read takes the flag: it returns True once, and the worker exits on 
 
 from __future__ import annotations
 
+from multiprocessing import resource_tracker
 from multiprocessing.context import BaseContext
 from typing import Any, Callable
 
@@ -26,6 +27,11 @@ class StopFlag:
     (inherited under fork, pickled with the process under spawn and forkserver)."""
 
     def __init__(self, ctx: BaseContext) -> None:
+        if ctx.get_start_method() != "fork":
+            # the semaphore's name stays in /dev/shm until freed, registered with the resource
+            # tracker after it is made: a tracker that cannot start then (out of descriptors) left
+            # the name there for good (tests/test_iter_fd_limit.py). Started first, it fails first.
+            resource_tracker.ensure_running()
         self._sem: Any = ctx.Semaphore(0)
         self._set = False  # in the main process: set once, however many paths stop the worker
 
