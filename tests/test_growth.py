@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from engine_datasets import Big, BigStream
 from iter_helpers import mp_iter
+from shm_full import full_past_the_first_part
 
 import shmloader
 from shmloader.collate import collate, register_collate_rule, unregister_collate_rule
@@ -334,14 +335,7 @@ def test_slot_bytes_skips_growth(how: str, monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.mark.timeout(60)
 def test_a_full_directory_while_a_slot_grows_is_shm_space_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    reserve = os.posix_fallocate
-
-    def full_past_the_first_part(fd: int, offset: int, length: int) -> None:
-        if offset > 0:  # only a growing slot is reserved in parts
-            raise OSError(errno.ENOSPC, "No space left on device")
-        reserve(fd, offset, length)
-
-    monkeypatch.setattr(os, "posix_fallocate", full_past_the_first_part)
+    full_past_the_first_part(monkeypatch)
     it = iter(shmloader.DataLoader(Big(8, 3 * FLOATS), batch_size=4, num_workers=1, multiprocessing_context="fork"))
     try:
         with pytest.raises(ShmSpaceError, match="No space left on device"):

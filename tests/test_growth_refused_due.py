@@ -12,14 +12,13 @@ and task 1's reply would wait in its pipe until batch 0 came.
 
 from __future__ import annotations
 
-import errno
 import multiprocessing
-import os
 from typing import Any
 
 import numpy as np
 import pytest
 from iter_helpers import mp_iter
+from shm_full import full_past_the_first_part
 
 import shmloader
 from shmloader.errors import ShmSpaceError
@@ -54,21 +53,6 @@ def _iter(loader: shmloader.DataLoader[Any]) -> Any:
     return it
 
 
-def _full_past_the_first_part(monkeypatch: pytest.MonkeyPatch, on_refusal: Any = None) -> None:
-    """The shm directory full once a growing slot is reserved past its first part (only a growing
-    slot is reserved in parts); ``on_refusal`` is called as each such reservation is refused."""
-    reserve = os.posix_fallocate
-
-    def full_past_the_first_part(fd: int, offset: int, length: int) -> None:
-        if offset > 0:
-            if on_refusal is not None:
-                on_refusal()
-            raise OSError(errno.ENOSPC, "No space left on device")
-        reserve(fd, offset, length)
-
-    monkeypatch.setattr(os, "posix_fallocate", full_past_the_first_part)
-
-
 def _check_batch_zero_then_refusal(it: Any) -> None:
     first = next(it)
     assert first.tolist() == [[0.0] * 4]  # task 0's batch, in flight when task 1's growth was refused
@@ -99,7 +83,7 @@ def test_a_growth_refused_at_the_preflight_waits_for_the_batches_due_before_it(m
 @pytest.mark.timeout(60)
 def test_a_growth_refused_while_reserving_waits_for_the_batches_due_before_it(monkeypatch):
     go = multiprocessing.get_context("fork").Event()
-    _full_past_the_first_part(monkeypatch, on_refusal=go.set)
+    full_past_the_first_part(monkeypatch, on_refusal=go.set)
     loader = _loader(go)
     try:
         _check_batch_zero_then_refusal(_iter(loader))
@@ -111,7 +95,7 @@ def test_a_growth_refused_while_reserving_waits_for_the_batches_due_before_it(mo
 def test_a_growth_refused_while_reserving_the_last_task_is_raised_not_waited_for(monkeypatch):
     """The refusal met in ``_grow`` is due at once when it is the only task left: the step loop
     hands it out instead of sleeping in a wait that no worker will end (the loader hung there)."""
-    _full_past_the_first_part(monkeypatch)
+    full_past_the_first_part(monkeypatch)
     loader = shmloader.DataLoader(_OneBig(), batch_size=None, num_workers=1, multiprocessing_context="fork")
     it = iter(loader)
     try:
