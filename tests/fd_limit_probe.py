@@ -50,20 +50,42 @@ def one(free: int, method: str) -> list[Any]:
         loader.close()
 
 
+_MADE: list[str] = []  # the named semaphores this process made (multiprocessing's SemLock)
+
+
+def _record_semaphores() -> None:
+    """Note every named semaphore multiprocessing makes here (a stop flag under spawn, say), so
+    that only this run's are looked for at the end: another job's on the machine are not ours."""
+    from multiprocessing import synchronize
+
+    made = synchronize.SemLock.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            made(self, *args, **kwargs)
+        finally:  # made, then refused by a resource tracker that cannot start: the leak to find
+            name = getattr(getattr(self, "_semlock", None), "name", None)
+            if name is not None:  # None: unlinked at once (fork), or never made
+                _MADE.append(name)
+
+    synchronize.SemLock.__init__ = init  # type: ignore[method-assign]
+
+
 def _semaphores() -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")]
+    """This run's semaphores whose names are still in /dev/shm."""
+    return [n for n in _MADE if os.path.exists("/dev/shm/sem." + n.lstrip("/"))]
 
 
 def main() -> None:
     method, most = sys.argv[1], int(sys.argv[2])
-    semaphores = set(_semaphores())
+    _record_semaphores()
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     outcomes = [[free, one(free, method)] for free in range(most + 1)]
     prefix = f"shml_{os.getpid()}_"
     left = {"children": len(workers_left(zombies=True)),  # multiprocessing's shared helpers aside
             "segments": [n for n in os.listdir("/dev/shm") if n.startswith(prefix)],
             # multiprocessing's named semaphores (the workers' stop flags under spawn) this run left
-            "semaphores": sorted(set(_semaphores()) - semaphores)}
+            "semaphores": _semaphores()}
     print(json.dumps({"outcomes": outcomes, "left": left}))
 
 
