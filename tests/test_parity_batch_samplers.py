@@ -132,3 +132,30 @@ def test_a_batch_of_a_generator_reaches_a_worker_as_a_list() -> None:
         loader.close()
     theirs = list(tdata.DataLoader(Seen(), batch_sampler=[[0, 1], [2, 3], [4, 5]]))
     assert_same_structure(ours, theirs)
+
+
+def _two_epochs(loader: Any) -> list[Any]:
+    """Each epoch's batches (as lists), or the type of the error that ended it."""
+    epochs: list[Any] = []
+    try:
+        for _ in range(2):
+            try:
+                epochs.append([batch["i"].tolist() for batch in loader])
+            except Exception as error:  # noqa: BLE001  (the outcome compared is the error's type)
+                epochs.append(type(error))
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+    return epochs
+
+
+@pytest.mark.timeout(60)
+def test_a_one_pass_iterator_given_again_is_read_once_as_without_workers() -> None:
+    """The main process reads a batch that is an iterator once (to send it as a list): the same
+    object given again in the next epoch is empty, as torch's loader without workers finds it
+    (torch's workers get a pickled copy of a list's iterator instead, the original never read)."""
+    batches: Any = [iter([1, 2, 3])]  # torch's stubs ask for lists of indices
+    theirs = _two_epochs(tdata.DataLoader(Seen(), batch_sampler=batches))
+    ours = _two_epochs(st.DataLoader(Seen(), batch_sampler=[iter([1, 2, 3])], num_workers=2))
+    assert theirs == [[[1, 2, 3]], IndexError]
+    assert ours == theirs
