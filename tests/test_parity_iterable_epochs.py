@@ -6,6 +6,9 @@
   workers, batching and ``drop_last``; the length read at ``iter()``, so a ``len(loader)`` after it
   counts from the next epoch) and "This DataLoader will create N worker processes in total" (at
   construction and at each ``iter()`` that starts workers);
+- what ``torch.utils.data.get_worker_info()`` says in each worker (``id``, ``num_workers``, ``seed``
+  from a seeded generator, ``dataset`` being the worker's own copy) and how torch and numpy are
+  seeded there (tests/test_parity_loader.py shards under spawn too);
 - an ``__iter__`` that returns the dataset itself, and one whose stream depends on an epoch number
   the main process sets between epochs: with ``persistent_workers=True`` each worker keeps its own
   copy of the dataset, so the workers do not see the main process's change, under torch as here.
@@ -184,3 +187,32 @@ def test_persistent_workers_do_not_see_the_main_processs_set_epoch(num_workers: 
     # workers started) and a third __iter__ on each worker's own copy where the workers persist
     assert last[0] // 1000 == (1 if persistent_workers else 3)
     assert last[0] % 100 // 10 == (3 if persistent_workers or not num_workers else 1)
+
+
+class WhoAmI(tdata.IterableDataset):
+    """One sample per worker: what torch's get_worker_info() says there, and the first draws."""
+
+    def __iter__(self) -> Any:
+        info = tdata.get_worker_info()
+        assert info is not None
+        yield {"id": info.id, "num_workers": info.num_workers, "seed": info.seed,
+               "dataset_is_self": info.dataset is self, "torch_seed": torch.initial_seed(),
+               "numpy": int(np.random.randint(1 << 30)), "torch": int(torch.randint(1 << 30, ()))}
+
+
+@pytest.mark.timeout(60)
+def test_each_worker_sees_torchs_worker_info() -> None:
+    def make(cls: type) -> Any:
+        return cls(WhoAmI(), batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(5))
+
+    def seen(loader: Any) -> list[dict[str, Any]]:
+        try:
+            return [{k: v.item() if hasattr(v, "item") else v for k, v in sample.items()} for sample in loader]
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+
+    theirs, ours = seen(make(tdata.DataLoader)), seen(make(st.DataLoader))
+    assert ours == theirs
+    assert [(s["id"], s["num_workers"], s["dataset_is_self"]) for s in ours] == [(0, 2, True), (1, 2, True)]
+    assert ours[1]["seed"] == ours[0]["seed"] + 1 == ours[1]["torch_seed"]
