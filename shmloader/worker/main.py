@@ -271,10 +271,9 @@ class _Worker:
 
     def _begin_share(self, seed: int | None = None) -> None:
         """Begin this worker's share of the epoch: ``iter(dataset)`` for an iterable dataset (after
-        a DataPipe's reseed). Its error there is the share's: raised in the place of its first task,
-        after which the share has ended, as a generator that raised has; the other workers' shares
-        go on, as torch's do. (A first epoch's error used to be taken for a failed start, which
-        stopped the whole iterator; a later epoch's used to kill the worker.)"""
+        a DataPipe's reseed). Its error there is the share's, raised in the place of its first task;
+        the share has then ended, as a generator that raised has, and the other workers' go on, as
+        torch's do (a first epoch's error used to stop the whole iterator, as a failed start)."""
         self.reset_error = None
         try:
             if seed is not None and self.spec.reseed is not None:  # before the dataset is iterated again
