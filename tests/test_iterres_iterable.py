@@ -6,6 +6,7 @@ whatever its iterator would yield if asked again; shmloader's must too, with and
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -115,3 +116,69 @@ def test_an_iter_that_fails_in_a_later_persistent_epoch_is_the_dataset_error() -
     assert second[0] == [[0], [1]]
     assert second[1][0] == "KeyError" and "worker process 1" in second[1][1], second
     assert second[2:] == [[[2]]]  # worker 1's share is over; worker 0's goes on
+
+
+def _worker_id() -> int:
+    """The worker's id from shmloader's get_worker_info(), or from torch's in torch's workers; 0 in
+    the main process."""
+    info = shmloader.get_worker_info()
+    if info is None and "torch" in sys.modules:
+        info = sys.modules["torch"].utils.data.get_worker_info()
+    return 0 if info is None else info.id
+
+
+class FailsFirstIter(shmloader.IterableDataset):
+    """Worker w yields ``100 * w + i`` for i < 3; worker 1's ``__iter__`` raises ``KeyError``."""
+
+    def __iter__(self) -> Any:
+        wid = _worker_id()
+        if wid == 1:
+            raise KeyError("no stream for this worker")
+        return iter([np.array([100 * wid + i]) for i in range(3)])
+
+
+def _outcomes(loader: Any, count: int) -> list[Any]:
+    """The first ``count`` outcomes of an epoch: each batch, or its error's type and first line."""
+    out: list[Any] = []
+    it = iter(loader)
+    try:
+        while len(out) < count:
+            try:
+                out.append(np.asarray(next(it)).tolist())
+            except StopIteration:
+                break
+            except Exception as exc:
+                out.append((type(exc).__name__, str(exc).split("\n")[0]))
+    finally:
+        if hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_an_iter_that_fails_in_the_first_epoch_ends_that_workers_share_only(persistent_workers: bool) -> None:
+    # torch raises worker 1's KeyError in place of its first batch and goes on with worker 0's
+    # batches (then, asked again, answers each of worker 1's later tasks with an UnboundLocalError
+    # of its own worker loop, for ever); ours raises the KeyError there, goes on with worker 0's
+    # batches and ends, as it does when __iter__ fails in a later persistent epoch. It used to stop
+    # the whole iterator at the KeyError (LoaderError at the next next(): worker 0's [2] was lost).
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import IterableDataset as TorchIterable
+
+    class TorchFailsFirstIter(TorchIterable):
+        __iter__ = FailsFirstIter.__iter__
+
+    kwargs: dict[str, Any] = dict(num_workers=2, batch_size=2)
+    theirs = _outcomes(torch.utils.data.DataLoader(TorchFailsFirstIter(), **kwargs), 3)
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(FailsFirstIter(), persistent_workers=persistent_workers,
+                                                             **kwargs)
+    try:
+        epochs = [_outcomes(loader, 10) for _ in range(2)]
+    finally:
+        loader.close()
+    assert theirs[0] == [[0], [1]] and theirs[2] == [[2]], theirs
+    for ours in epochs:
+        assert [ours[0], ours[2:]] == [theirs[0], [theirs[2]]], ours
+        assert ours[1][0] == theirs[1][0] == "KeyError"
+        assert ours[1][1].startswith(theirs[1][1].rstrip(".")), (ours[1], theirs[1])

@@ -138,3 +138,73 @@ def test_a_sampler_error_while_the_next_task_is_sent_never_costs_the_batch_in_ha
         assert got == [[0, 1]]
     finally:
         loader.close()
+
+
+def _outcomes(loader: Any) -> list[Any]:
+    """Each batch of an epoch, or the type of the error raised in its place, going on after errors
+    (at most 20 outcomes: a loader that never ends fails the test, not hangs it)."""
+    out: list[Any] = []
+    it = iter(loader)
+    try:
+        while len(out) < 20:
+            try:
+                out.append(next(it).tolist())
+            except StopIteration:
+                return out
+            except Exception as exc:
+                out.append(type(exc).__name__)
+        return out
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+        elif hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_after_a_sampler_error_the_tasks_already_sent_are_still_delivered(in_order: bool) -> None:
+    """torch raises the sampler's error in place of the batch in hand, then goes on with the tasks
+    it had sent, and ends there (the sampler's generator has ended). Ours hands out the batch in
+    hand first, then the error, then those same tasks: every batch the sampler gave. It used to stop
+    at the error (LoaderError at the next next(): the three batches in flight were lost)."""
+    kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": 2, "in_order": in_order}
+    rows: Any = list(range(16))  # any __getitem__/__len__ does; torch's stubs ask for a Dataset
+    theirs = _outcomes(tdata.DataLoader(rows, sampler=FailsAt(16, 8), **kwargs))
+    ours = _outcomes(st.DataLoader(rows, sampler=FailsAt(16, 8), **kwargs))
+    assert theirs[0] == "ValueError" and len(theirs) == 4, theirs  # a batch lost in the error's place
+    assert ours[1] == "ValueError" and len(ours) == 5, ours
+    batches = [ours[0], *ours[2:]]
+    assert sorted(batches) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert all(batch in batches for batch in theirs[1:])
+    if in_order:
+        assert ours[2:] == theirs[1:]
+
+
+class RaisesAlways:
+    """A sampler whose iterator gives indices 0-7, then raises ``IndexError`` at each later read
+    (an iterator, unlike a generator, may raise again when asked again)."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def __iter__(self) -> Any:
+        return self
+
+    def __next__(self) -> int:
+        self.read += 1
+        if self.read > 8:
+            raise IndexError(f"read {self.read}")
+        return self.read - 1
+
+    def __len__(self) -> int:
+        return 16
+
+
+@pytest.mark.timeout(60)
+def test_a_sampler_is_not_read_again_after_its_error() -> None:
+    """The epoch ends with the tasks sent before the sampler's error: a sampler that raises at
+    every read makes one error, not one per next() for ever, and no batch is lost."""
+    loader = st.DataLoader(list(range(16)), batch_size=2, sampler=RaisesAlways(), num_workers=2)
+    outcomes = _outcomes(loader)
+    assert outcomes == [[0, 1], "IndexError", [2, 3], [4, 5], [6, 7]]

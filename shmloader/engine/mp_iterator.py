@@ -285,7 +285,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         except BaseException as exc:
             if isinstance(exc, WorkerTimeout) and self._plan.persistent:
                 raise  # timeout= with persistent workers: they are kept, the epoch runs on (wait._on_quiet)
-            if exc is not self._user_error:  # only a user-code error in a worker leaves us usable
+            # only a user-code error (a worker's, the sampler's) leaves us usable
+            if exc is not self._user_error and not self.sampler_error(exc):
                 self._fail(exc)
             raise
 

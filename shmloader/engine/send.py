@@ -93,16 +93,40 @@ class SendTasks:
         to the workers they would have gone to in an uninterrupted epoch.
         """
         while self._next_task in self._skip:
-            next(self._sampler_iter)
+            self._read_sampler()
             self._reorder.skip(self._next_task)
             self._next_task += 1
             self._dispatcher.skip()
+
+    _sampler_error: int | None = None  # id() of the sampler's own error, while it is raised
+
+    def _read_sampler(self) -> Any:
+        """The sampler's next item. The sampler's own error ends this epoch's reading: the tasks
+        already sent are still delivered, as torch delivers them, and a sampler that would raise at
+        each later read (an iterator; a generator that raised has ended) costs one error, not one
+        per ``next()`` for ever. The error is marked (``sampler_error``) so that the step loop raises
+        it without breaking the iterator: the sampler's fault is not the loader's."""
+        try:
+            return next(self._sampler_iter)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            self._sampler_done = True
+            self._sampler_error = id(exc)
+            raise
+
+    def sampler_error(self, exc: BaseException) -> bool:
+        """Whether ``exc``, being raised, is the sampler's own error (``_read_sampler``); forgets it."""
+        if self._sampler_error != id(exc):
+            return False
+        self._sampler_error = None
+        return True
 
     def _next_indices(self) -> Any:
         """The task's indices: the batch sampler's batch, of its own type (a tensor, ndarray, tuple or
         range reaches ``__getitems__`` as such, as in torch's workers), the task's own copy
         (``dispatch.task_indices``); or ``[index]`` without auto-collation."""
-        batch = next(self._sampler_iter)
+        batch = self._read_sampler()
         if self._iterable:
             return None
         if not self._auto_collation:

@@ -29,17 +29,22 @@ class MapFetcher:
 
 
 class IterableFetcher:
-    def __init__(self, dataset: Any, auto_collation: bool, batch_size: int | None, drop_last: bool) -> None:
+    def __init__(self, dataset: Any, auto_collation: bool, batch_size: int | None, drop_last: bool,
+                 start: bool = True) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.reset()
+        self.iterator: Any = None
+        self.ended = True  # until reset() has the dataset's iterator
+        self._partial: list[Any] = []
+        if start:
+            self.reset()
 
     def reset(self) -> None:
         self.iterator = iter(self.dataset)
         self.ended = False
-        self._partial: list[Any] = []
+        self._partial = []
 
     def fetch(self, _indices: Any = None) -> Any:
         if self.ended:

@@ -185,9 +185,11 @@ def run_collate(kind: str, fn: Callable[[Any], Any] | None, to_torch: bool, rule
     return fn(data)
 
 
-def make_fetcher(spec: WorkerSpec) -> MapFetcher | IterableFetcher:
+def make_fetcher(spec: WorkerSpec, start: bool = True) -> MapFetcher | IterableFetcher:
+    """The fetcher of ``spec``'s dataset; an iterable dataset's is iterated (``iter(dataset)``)
+    unless ``start`` is false (``IterableFetcher.reset`` then begins it)."""
     if spec.iterable:
-        return IterableFetcher(spec.dataset, spec.auto_collation, spec.batch_size, spec.drop_last)
+        return IterableFetcher(spec.dataset, spec.auto_collation, spec.batch_size, spec.drop_last, start)
     return MapFetcher(spec.dataset, spec.auto_collation)
 
 
@@ -264,19 +266,14 @@ class _Worker:
             from shmloader.plugins import worker_collate_rules
 
             spec.collate_rules = worker_collate_rules(spec.collate_rules)
-        self.fetcher = make_fetcher(spec)
+        self.fetcher = make_fetcher(spec, start=False)
+        self._begin_share()
 
-    def undecodable(self, exc_info: Any) -> Failed:
-        """The answer to a task that did not unpickle here: the oldest task this worker holds."""
-        return _failure(self.epoch, None, exc_info)
-
-    def reset(self, epoch: int, seed: int | None = None) -> None:
-        """A persistent worker's next epoch. The dataset's error here (its ``__iter__``, a DataPipe's
-        reseed) is this worker's share of the epoch: raised in the place of its first task, after
-        which the share has ended, as a generator that raised has (a worker killed by it lost the
-        error to stderr, and the epoch to ``WorkerDied``)."""
-        self.epoch = epoch
-        self.pending.clear()
+    def _begin_share(self, seed: int | None = None) -> None:
+        """Begin this worker's share of the epoch: ``iter(dataset)`` for an iterable dataset (after
+        a DataPipe's reseed). Its error there is the share's, raised in the place of its first task;
+        the share has then ended, as a generator that raised has, and the other workers' go on, as
+        torch's do (a first epoch's error used to stop the whole iterator, as a failed start)."""
         self.reset_error = None
         try:
             if seed is not None and self.spec.reseed is not None:  # before the dataset is iterated again
@@ -287,6 +284,16 @@ class _Worker:
             if isinstance(self.fetcher, IterableFetcher):
                 self.fetcher.ended = True
             self.reset_error = sys.exc_info()
+
+    def undecodable(self, exc_info: Any) -> Failed:
+        """The answer to a task that did not unpickle here: the oldest task this worker holds."""
+        return _failure(self.epoch, None, exc_info)
+
+    def reset(self, epoch: int, seed: int | None = None) -> None:
+        """A persistent worker's next epoch (``_begin_share``)."""
+        self.epoch = epoch
+        self.pending.clear()
+        self._begin_share(seed)
 
     # -- one task --------------------------------------------------------------------------
     def handle(self, task: Task) -> Any:
