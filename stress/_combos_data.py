@@ -97,11 +97,13 @@ def _die_by_signal() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def stream_batches(n: int, batch_size: int, workers: int) -> list[list[int]]:
+def stream_batches(n: int, batch_size: int, workers: int, drop_last: bool = False) -> list[list[int]]:
     """The batches of a ``SizedStream`` in torch's in-order delivery: each worker's shard cut into
-    batches, taken round robin, skipping a worker whose shard has ended."""
+    batches (``drop_last``: without its short last one, as each of torch's workers drops its own),
+    taken round robin, skipping a worker whose shard has ended."""
     k = max(workers, 1)
-    shards = [[b for b in _cut(list(range(w, n, k)), batch_size)] for w in range(k)]
+    shards = [[b for b in _cut(list(range(w, n, k)), batch_size) if len(b) == batch_size or not drop_last]
+              for w in range(k)]
     out: list[list[int]] = []
     while any(shards):
         for shard in shards:

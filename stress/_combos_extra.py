@@ -6,14 +6,19 @@ workers. An *extra* life is map-style and draws, besides the main lives' options
 delivered alone, and samples vary in size), ``collate_fn`` (default or one returning a dict of
 concatenated arrays, which takes samples of varying sizes), the sampler (sequential, ``shuffle``
 with a generator, or a ``RandomSampler`` with its own generator, perhaps with replacement),
-``drop_last``, ``timeout``, ``pin_memory`` and ``worker_init_fn``.
+``drop_last``, ``timeout``, ``pin_memory`` and ``worker_init_fn``. An extra *stream* life (an
+``IterableDataset`` life, ``stream``) draws the flavour, ``batch_size`` (None: the stream's samples
+delivered one by one), ``drop_last`` (each worker drops its own short last batch, as torch's do),
+``timeout``, ``pin_memory`` and ``worker_init_fn``.
 
 Promises: the batches each pass must yield come from a *reference* loader iterated in step (torch's
 own ``DataLoader`` for the torch flavour, ``shmloader.DataLoader`` without workers for the numpy
 one), built with the same dataset, sampler, generator seed and collate; a batch is compared by a
 checksum of its whole tree (container types, keys, dtypes, shapes and bytes), so a wrong type, a
 lost key or a batch out of the generator's order is a difference. A cut epoch's fresh loader gets a
-fresh generator of the same seed and must continue from the state it loads, as if never cut.
+fresh generator of the same seed and must continue from the state it loads, as if never cut. A
+stream life's batches are computed in the main process instead (``stream_pass``), each checked with
+its type and shape too (``typed_checksum``), so a batch of one in place of its sample is a difference.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ def _walk(obj: Any, parts: list[bytes]) -> None:
 
 # what a life draws here: kept when a cut epoch's fresh loader draws the main lives' options anew
 KEPT = ("extra", "torch", "batch_size", "collate", "level", "n", "sampler", "seed", "numpy_generator", "drop_last",
-        "timeout", "pin_memory", "init", "collate_threads")
+        "timeout", "pin_memory", "init", "collate_threads", "stream")
+UNBATCHED_ROUND = 8  # an unbatched stream's samples per worker in one size level's round (_combos_data)
 
 
 def draw(pick: random.Random, samples: int, batch_size: int) -> dict[str, Any]:
@@ -112,6 +118,53 @@ def draw(pick: random.Random, samples: int, batch_size: int) -> dict[str, Any]:
                 numpy_generator=pick.random() < 0.5, drop_last=pick.random() < 0.3,
                 timeout=pick.choice((0, 0, 20, 60)), pin_memory=pick.random() < 0.3, init=pick.random() < 0.5,
                 collate_threads=pick.choice((None, 2)))
+
+
+def draw_stream(pick: random.Random, batch_size: int) -> dict[str, Any]:
+    """The extra options of one stream (``IterableDataset``) life."""
+    unbatched = pick.random() < 0.4
+    return dict(extra=True, stream=True, torch=pick.random() < 0.5 and HAVE_TORCH,
+                batch_size=None if unbatched else pick.randint(1, 2 * batch_size), drop_last=pick.random() < 0.4,
+                timeout=pick.choice((0, 0, 20, 60)), pin_memory=pick.random() < 0.3, init=pick.random() < 0.5)
+
+
+def build_stream(o: dict[str, Any], common: dict[str, Any], samples: int, markers: str, die_every: int) -> Any:
+    """The tested loader of a stream life: a ``SizedStream`` (whose workers may die in ``__iter__``)."""
+    dataset = d.SizedStream(samples, o["batch_size"] or UNBATCHED_ROUND, markers, die_every)
+    kw: dict[str, Any] = dict(batch_size=o["batch_size"], drop_last=o["drop_last"] and o["batch_size"] is not None,
+                              timeout=o["timeout"], pin_memory=o["pin_memory"])
+    if o["init"]:
+        kw["worker_init_fn"] = check_worker
+    return _flavour(o)(dataset, max_task_attempts=8, **kw, **common)
+
+
+def stream_pass(o: dict[str, Any], samples: int, workers: int) -> list[int]:
+    """The ``typed_checksum`` of each batch a stream life's pass must yield, in torch's in-order
+    delivery: a stacked batch, or the sample itself when unbatched, as the flavour's array type."""
+    size = o["batch_size"] or UNBATCHED_ROUND
+    kind = "Tensor" if o["torch"] else "ndarray"
+    out = []
+    for b in d.stream_batches(samples, o["batch_size"] or 1, workers, o["drop_last"] and o["batch_size"] is not None):
+        level = d.stream_level(b[0], size * workers)
+        arr = d.sample(b[0], level) if o["batch_size"] is None else np.stack([d.sample(i, level) for i in b])
+        out.append(_typed(kind, arr.shape, arr))
+    return out
+
+
+def typed_checksum(batch: Any) -> int:
+    """A checksum of a batch's type name, shape and bytes."""
+    return _typed(type(batch).__name__, tuple(batch.shape), batch)
+
+
+def _typed(kind: str, shape: tuple[int, ...], arr: Any) -> int:
+    return zlib.crc32(f"{kind}{tuple(shape)}".encode() + np.ascontiguousarray(arr).tobytes())
+
+
+def _flavour(o: dict[str, Any]) -> Any:
+    if o["torch"]:
+        from shmloader.torch import DataLoader as TorchFlavour
+        return TorchFlavour
+    return shmloader.DataLoader
 
 
 def _generator(o: dict[str, Any]) -> Any:
@@ -152,12 +205,7 @@ def build(o: dict[str, Any], common: dict[str, Any]) -> Any:
     kw = _common(o, dataset) | dict(timeout=o["timeout"], pin_memory=o["pin_memory"])
     if o["init"]:
         kw["worker_init_fn"] = check_worker
-    if o["torch"]:
-        from shmloader.torch import DataLoader as TorchFlavour
-        cls: Any = TorchFlavour
-    else:
-        cls = shmloader.DataLoader
-    return cls(dataset, **kw, **common)
+    return _flavour(o)(dataset, **kw, **common)
 
 
 def reference(o: dict[str, Any]) -> Any:
@@ -172,19 +220,25 @@ def reference(o: dict[str, Any]) -> Any:
 
 
 def tally(o: dict[str, Any]) -> dict[str, int]:
-    """What this life covers, for the run's final counts (none for a main life)."""
+    """What this life covers, for the run's final counts (none for a main life); counts, never bools
+    (a first ``Counter.update`` keeps the values it is given as they are)."""
     if not o.get("extra"):
         return {}
-    return {"extra lives": 1, "torch flavour": o["torch"], "unbatched": o["batch_size"] is None,
-            "dict collate": o["collate"] == "dict", "generator order": o["sampler"] != "sequential",
-            "timeout": o["timeout"] > 0, "pin_memory": o["pin_memory"]}
+    both = {"torch flavour": o["torch"], "unbatched": o["batch_size"] is None, "timeout": o["timeout"] > 0,
+            "pin_memory": o["pin_memory"]}
+    if o.get("stream"):
+        own = {"extra streams": True, "drop_last streams": o["drop_last"] and o["batch_size"] is not None}
+    else:
+        own = {"extra lives": True, "dict collate": o["collate"] == "dict",
+               "generator order": o["sampler"] != "sequential"}
+    return {k: int(v) for k, v in (own | both).items()}
 
 
 def fit(o: dict[str, Any]) -> None:
     """Make ``o`` one the reference can follow: where the loader's generator draws the order
     (``shuffle``), workers are not persistent, since a persistent loader, as torch's, draws no base
     seed from it at a later epoch's ``iter()`` and a loader without workers does."""
-    if o.get("extra") and o["sampler"] == "shuffle":
+    if o.get("extra") and o.get("sampler") == "shuffle":
         o["persistent_workers"] = False
 
 
@@ -192,7 +246,7 @@ def may_abandon(o: dict[str, Any]) -> bool:
     """Whether a pass of this life may be left early: not where a generator draws the order, as how
     far a left pass drew from it depends on how far the loader read ahead (a torch ``RandomSampler``
     draws once more at its end), which the reference cannot follow."""
-    return not o.get("extra") or o["sampler"] == "sequential"
+    return not o.get("extra") or bool(o.get("stream")) or o["sampler"] == "sequential"
 
 
 def next_pass(ref: Any) -> list[int]:

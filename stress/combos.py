@@ -1,7 +1,7 @@
 """Random combinations of options and faults, loader after loader; every batch exactly once.
 
 Each *life* builds a loader with options drawn at random: map-style or ``IterableDataset``,
-persistent workers or not, ``in_order``, 1 to ``--workers`` workers, ``prefetch_factor`` 1 or 2, a
+persistent workers or not, ``in_order``, 1 to ``--workers`` workers, ``prefetch_factor`` 1, 2 or 4, a
 start method of ``--methods``, ``dispatch`` (map-style), ``task_seeding``, and how many batches the
 caller holds (0 to 3, checked again when let go, the last ones after ``close()``); it runs 1 to 4
 epochs, then is closed. Batches change length and size within an epoch (a burst of large ones
@@ -21,7 +21,10 @@ amid small ones), so slots grow and then follow the batches down. Faults, all un
 A share of map-style lives (``--extra-share``) also draws the flavour (``shmloader.torch``), a
 ``collate_fn`` returning dicts, ``batch_size=None`` with samples of varying sizes, a sampler driven
 by a generator, ``drop_last``, ``timeout``, ``pin_memory`` and ``worker_init_fn``; their batches must
-be a reference loader's, pass for pass (stress/_combos_extra.py).
+be a reference loader's, pass for pass. The same share of iterable lives draws the flavour,
+``batch_size`` (None: the stream unbatched), ``drop_last`` (per worker, as torch), ``timeout``,
+``pin_memory`` and ``worker_init_fn``; their batches, with their type and shape, must be those
+torch's in-order delivery gives (stress/_combos_extra.py).
 
 Every epoch's batches are compared by checksum with the batches due: the same sequence where every
 piece was in order, the same multiset otherwise. A lost, duplicated, reordered or corrupted batch,
@@ -35,11 +38,9 @@ life is a failure. Ends with one ``PASS ...`` line (exit 0) or ``FAIL ...`` line
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import signal
 import tempfile
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -47,9 +48,9 @@ from typing import Any
 
 import _combos_data as d
 import _combos_extra as x
+import _combos_kill as kl
 import _common as c
 import numpy as np
-import psutil
 
 from shmloader import DataLoader
 from shmloader.engine import faults, slot_size
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chance of each of: a kill at the reset, between epochs, during close(); a cut epoch")
     p.add_argument("--iterable-share", type=float, default=0.35)
     p.add_argument("--extra-share", type=float, default=0.2,
-                   help="share of map-style lives drawing the other options too (stress/_combos_extra.py)")
+                   help="share of lives drawing the other options too (stress/_combos_extra.py)")
     p.add_argument("--die-every", type=int, default=6, help="about one iterable worker in this many dies in __iter__")
     p.add_argument("--task-timeout", type=float, default=0.25)
     p.add_argument("--start-timeout", type=float, default=2.0,
@@ -82,74 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="a line per epoch: its options, time and kills")
     p.add_argument("--close-limit", type=float, default=20.0, help="seconds a close() may take")
     return p
-
-
-def live_workers() -> list[int]:
-    """Our workers' pids, read with psutil (which reaps nothing, so it may run beside the loader's own
-    reaping, from any thread): every descendant but the resource tracker and the forkserver."""
-    pids = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline())
-            if "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == os.getpid()):
-                continue
-        except psutil.Error:
-            continue
-        pids.append(p.pid)
-    return sorted(pids)
-
-
-def _pidfd(choice: float) -> int | None:
-    """A pidfd of the worker at ``choice`` (0 to 1) of those alive now, or None when there is none."""
-    pids = live_workers()
-    if not pids:
-        return None
-    try:
-        return os.pidfd_open(pids[int(choice * len(pids))])
-    except ProcessLookupError:
-        return None
-
-
-class Killer:
-    """Signals one of a snapshot of worker pids, through pidfds (never a reused pid), now or from a
-    thread after a short random delay; counts what it sent."""
-
-    def __init__(self, pick: random.Random, counts: Counter[str]) -> None:
-        self.pick, self.counts = pick, counts
-        self.thread: threading.Thread | None = None
-
-    def send(self, sigs: tuple[signal.Signals, ...], weights: tuple[float, ...], delay_s: float = -1.0,
-             snapshot_late: bool = False) -> None:
-        """Signal a worker now (``delay_s`` < 0) or after ``delay_s`` from a thread, picking among the
-        workers alive now or, with ``snapshot_late``, among those alive when the delay is over."""
-        self.join()
-        sig = self.pick.choices(sigs, weights)[0]
-        choice = self.pick.random()
-        fd = None if snapshot_late else _pidfd(choice)
-        if delay_s < 0:
-            self._fire(fd, choice, sig, 0.0)
-        elif snapshot_late or fd is not None:
-            self.thread = threading.Thread(target=self._fire, args=(fd, choice, sig, delay_s), daemon=True)
-            self.thread.start()
-
-    def _fire(self, fd: int | None, choice: float, sig: signal.Signals, delay_s: float) -> None:
-        if delay_s:
-            threading.Event().wait(delay_s)
-        fd = _pidfd(choice) if fd is None else fd
-        if fd is None:
-            return
-        try:
-            signal.pidfd_send_signal(fd, sig)
-            self.counts[sig.name] += 1
-        except ProcessLookupError:
-            pass
-        finally:
-            os.close(fd)
-
-    def join(self) -> None:
-        if self.thread is not None:
-            self.thread.join(10)
-            self.thread = None
 
 
 class Run:
@@ -160,7 +93,7 @@ class Run:
         self.rng = np.random.default_rng(a.seed)
         self.pick = random.Random(a.seed)
         self.sent: Counter[str] = Counter()
-        self.killer = Killer(self.pick, self.sent)
+        self.killer = kl.Killer(self.pick, self.sent)
         self.planted: Counter[str] = Counter()
         self.events: Counter[str] = Counter()
         self.lives = self.epochs = self.batches = self.deaths = 0
@@ -177,9 +110,11 @@ class Run:
 
     def options(self, iterable: bool) -> dict[str, Any]:
         a = self.a
-        extra = {} if iterable or not self.chance(a.extra_share) else x.draw(self.pick, a.samples, a.batch_size)
+        extra: dict[str, Any] = {}
+        if self.chance(a.extra_share):
+            extra = x.draw_stream(self.pick, a.batch_size) if iterable else x.draw(self.pick, a.samples, a.batch_size)
         return extra | dict(num_workers=self.pick.randint(1, a.workers), in_order=self.chance(0.6),
-                    persistent_workers=self.chance(0.5), prefetch_factor=self.pick.choice((1, 2)),
+                    persistent_workers=self.chance(0.5), prefetch_factor=self.pick.choice((1, 2, 4)),
                     multiprocessing_context=self.pick.choice(a.methods.split(",")), iterable=iterable,
                     dispatch="round_robin" if iterable or self.chance(0.5) else "least_loaded",
                     task_seeding=self.chance(0.5))
@@ -193,6 +128,8 @@ class Run:
                       dispatch=o["dispatch"], task_seeding=o["task_seeding"])
         # a torch-flavour worker imports torch as it starts: seconds, under spawn on a loaded machine
         faults.START_TIMEOUT_FLOOR_S = max(a.start_timeout, 30.0) if o.get("torch") else a.start_timeout
+        if o.get("stream"):
+            return x.build_stream(o, common, a.samples, self.markers, a.die_every)
         if o.get("extra"):
             return x.build(o, common)
         if o["iterable"]:  # a restarted worker dies in __iter__ again one time in die_every: room for a run of them
@@ -204,7 +141,11 @@ class Run:
     def life(self) -> None:
         o = self.options(self.chance(self.a.iterable_share))
         sampler = c.PlannedBatches()
-        self.sum, self.ref = (x.tree_checksum, x.reference(o)) if o.get("extra") else (c.checksum, None)
+        self.sum, self.ref = c.checksum, None
+        if o.get("stream"):
+            self.sum = x.typed_checksum
+        elif o.get("extra"):
+            self.sum, self.ref = x.tree_checksum, x.reference(o)
         self.events.update(x.tally(o))
         self.keep = self.pick.randint(0, 3)  # batches the caller holds; they outlive close() too
         loader = self.build(o, sampler)
@@ -228,7 +169,9 @@ class Run:
     def epoch(self, loader: DataLoader, o: dict[str, Any], sampler: c.PlannedBatches) -> DataLoader:
         """One epoch, perhaps in two pieces; returns the loader that finished it."""
         a = self.a
-        if o.get("extra"):
+        if o.get("stream"):
+            want = x.stream_pass(o, a.samples, o["num_workers"])
+        elif o.get("extra"):
             want = x.next_pass(self.ref)
         elif o["iterable"]:
             plan = d.stream_batches(a.samples, a.batch_size, o["num_workers"])
@@ -242,7 +185,7 @@ class Run:
         started = time.monotonic()
         if self.chance(a.event_rate / 2) and x.may_abandon(o):
             self.abandon(loader, o, want)
-            want = x.next_pass(self.ref) if o.get("extra") else want
+            want = x.next_pass(self.ref) if self.ref is not None else want
         cuttable = o["in_order"] or not o["iterable"]  # a stream delivered out of order cannot resume
         cut = self.pick.randint(0, len(want)) if cuttable and self.chance(a.event_rate) else -1
         got: list[int] = []
