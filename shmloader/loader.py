@@ -225,7 +225,7 @@ class DataLoader(Generic[T_co]):
 
     def __iter__(self) -> BaseIter:
         if self.num_workers > 0:
-            live.refuse_if_exiting()  # a daemon thread after the exit hook: no worker nothing would stop
+            live.refuse_if_exiting()  # a thread left to the exit, after its hook: no worker nothing would stop
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or getattr(it, "closed", False):

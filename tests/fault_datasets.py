@@ -259,20 +259,27 @@ class PlannedFaults:
         return sample(i)
 
 
-class KillingStream(IterableDataset):
+class FaultyStream(IterableDataset):
     """An iterable dataset of ``n`` samples, sharded by worker; the worker that reaches sample
-    ``at`` SIGKILLs itself."""
+    ``at`` faults with ``how`` (see ``fault``)."""
 
-    def __init__(self, n: int, at: int) -> None:
-        self.n, self.at = n, at
+    def __init__(self, n: int, at: int, how: str = "raise") -> None:
+        self.n, self.at, self.how = n, at, how
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
         step, first = (1, 0) if info is None else (info.num_workers, info.id)
         for i in range(first, self.n, step):
             if i == self.at and info is not None:
-                os.kill(os.getpid(), signal.SIGKILL)
+                fault(self.how, f"sample {i}")
             yield sample(i)
+
+
+class KillingStream(FaultyStream):
+    """A ``FaultyStream`` whose worker that reaches sample ``at`` SIGKILLs itself."""
+
+    def __init__(self, n: int, at: int) -> None:
+        super().__init__(n, at, "kill")
 
 
 class UnevenStream(IterableDataset):

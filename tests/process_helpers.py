@@ -5,10 +5,13 @@ not; the suite's leak guard (conftest.py) and the tests that count workers agree
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
+import pytest
 
 SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
 
@@ -47,3 +50,29 @@ def until(condition: Callable[[], object], deadline_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def within(call: Callable[[], Any], seconds: float) -> Any:
+    """``call()`` in a daemon thread: its result, its error raised here, or a test failure if it has
+    not returned in ``seconds`` (a hung call stays blocked in its daemon thread instead of hanging
+    the session)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # handed to the test thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"{getattr(call, '__name__', call)} did not return within {seconds:g} s")
+    error = out.pop("error", None)
+    if error is not None:
+        try:
+            raise error
+        finally:
+            del error  # else this frame, in the error's traceback, holds it: a cycle only the collector frees
+    return out.get("value")

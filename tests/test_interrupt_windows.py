@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,7 +32,7 @@ from iter_helpers import mp_iter
 import numpy as np
 import pytest
 from plugin_fixtures import CloseOnBatch
-from process_helpers import workers_left
+from process_helpers import within, workers_left
 
 from shmloader import DataLoader
 from shmloader.engine import stepguard, workers
@@ -49,24 +48,7 @@ def _loader(tmp_path: Any, **kw: Any) -> DataLoader:
 
 
 def _within(call: Callable[[], Any], seconds: float = DEADLINE_S) -> Any:
-    """``call()`` in a daemon thread; its result, or a test failure if it has not returned in time
-    (a hung call stays blocked in its daemon thread instead of hanging the session)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # handed to the test thread
-            out["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        pytest.fail(f"{getattr(call, '__name__', call)} did not return within {seconds:g} s")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    return within(call, seconds)
 
 
 class _InterruptAfterTake:

@@ -10,14 +10,16 @@ since the ticket refuses the admission with ``LoaderClosed``: every ``close()`` 
 iterator or comes before it starts anything, never between.
 
 Also owns the interpreter-exit hook, which stops every multi-process iterator of the process, and
-what a daemon thread meets after it (``park_if_exiting``): a ``next()`` that the hook stopped, or a
-new ``iter(loader)`` with workers, keeps that thread waiting for the interpreter to end it, as
-torch's daemon thread stays inside its ``next()``. Why: the stopped ``next()`` raised
+what a thread other than the main one meets after it (``park_if_exiting``): a ``next()`` that the
+hook stopped, or a new ``iter(loader)`` with workers, keeps that thread waiting for the interpreter
+to end it, as torch's thread stays inside its ``next()``. Why: the stopped ``next()`` raised
 ``LoaderClosed`` into the thread, whose traceback threading printed as the interpreter went down
 (often cut off half-way), and a thread that went on started workers and segments that no hook
 would stop any more (the resource tracker warned of leaked shared_memory;
-tests/test_adv3_exit_daemon.py). The main thread and other threads are never held: they get the
-error, as before.
+tests/test_adv3_exit_daemon.py). Such a thread is a daemon, or a non-daemon one whose join at exit
+a Ctrl-C cut short: the exit hooks run only once threading has joined the non-daemon threads, or
+given up on them, and the interpreter then ends every thread left
+(tests/test_exit_ctrl_c_threads.py). The main thread is never held: it gets the error, as before.
 """
 
 from __future__ import annotations
@@ -43,20 +45,27 @@ def _close_all() -> None:
     close_each(IN_PROCESS)
 
 
+def _left_to_the_exit() -> bool:
+    """Whether the calling thread is one the interpreter's exit will end: the exit hook has run and
+    this is not the main thread (a daemon, or a non-daemon thread whose join a Ctrl-C cut short)."""
+    return EXITING.is_set() and threading.current_thread() is not threading.main_thread()
+
+
 def park_if_exiting() -> None:
-    """In a daemon thread once the exit hook has run: wait for the interpreter to end this thread
-    (``PARK_S`` at most, so an exit hook of the application that joins the thread still returns:
-    the caller then raises its error). Anywhere else: return at once."""
-    if EXITING.is_set() and threading.current_thread().daemon:
+    """In a thread other than the main one once the exit hook has run: wait for the interpreter to
+    end this thread (``PARK_S`` at most, so an exit hook of the application that joins the thread
+    still returns: the caller then raises its error). Anywhere else: return at once."""
+    if _left_to_the_exit():
         threading.Event().wait(PARK_S)
 
 
 def refuse_if_exiting() -> None:
-    """``iter(loader)`` with workers: in a daemon thread once the exit hook has run, park, then raise
-    ``LoaderClosed`` (workers started now would outlive the hook); anywhere else return at once."""
-    if EXITING.is_set() and threading.current_thread().daemon:
+    """``iter(loader)`` with workers: in a thread other than the main one once the exit hook has run,
+    park, then raise ``LoaderClosed`` (workers started now would outlive the hook); anywhere else
+    return at once."""
+    if _left_to_the_exit():
         park_if_exiting()
-        raise LoaderClosed("iter(loader) in a daemon thread while the interpreter exits: shmloader's exit "
+        raise LoaderClosed("iter(loader) in a thread while the interpreter exits: shmloader's exit "
                            "hook has stopped every loader's workers, and starts no new ones")
 
 

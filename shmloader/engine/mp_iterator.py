@@ -243,7 +243,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         try:
             return self._guard.step("next()", self._step, on_stop=self._close_owned)
         except LoaderClosed:
-            live.park_if_exiting()  # a daemon thread stopped by the exit hook: no traceback at exit
+            live.park_if_exiting()  # a thread other than the main one stopped by the exit hook: no traceback at exit
             raise
 
     def _step(self) -> Any:
