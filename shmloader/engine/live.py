@@ -29,6 +29,7 @@ import threading
 import weakref
 from typing import Any
 
+from shmloader import owner
 from shmloader.engine.iterator import close_each
 from shmloader.errors import LoaderClosed
 
@@ -70,12 +71,15 @@ def refuse_if_exiting() -> None:
 
 
 class LiveIterators:
-    """The iterators ``loader.close()`` must stop, and the closes an ``iter(loader)`` must see."""
+    """The iterators ``loader.close()`` must stop, and the closes an ``iter(loader)`` must see.
+    Owns its lock per process: a child forked by other code gets a lock of its own (``_REGISTRIES``),
+    since the copy it inherits may be held by a parent's thread that the child does not have."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the set is added to and listed from several threads
         self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closes = 0
+        _REGISTRIES.add(self)
 
     def __len__(self) -> int:
         return len(self._iterators)
@@ -101,3 +105,15 @@ class LiveIterators:
             self._closes += 1
             iterators = list(self._iterators)
         close_each(iterators)
+
+
+_REGISTRIES: weakref.WeakSet[LiveIterators] = weakref.WeakSet()  # every loader's, to renew at a fork
+
+
+def _renew_locks() -> None:
+    """In a forked child, its one thread, before anything else runs there: each registry's lock anew."""
+    for registry in list(_REGISTRIES):
+        registry._lock = threading.Lock()
+
+
+owner.at_fork_in_child(_renew_locks)
