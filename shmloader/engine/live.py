@@ -29,7 +29,7 @@ import threading
 import weakref
 from typing import Any
 
-from shmloader import owner
+from shmloader.owner import at_fork_in_child
 from shmloader.engine.iterator import close_each
 from shmloader.errors import LoaderClosed
 
@@ -116,4 +116,4 @@ def _renew_locks() -> None:
         registry._lock = threading.Lock()
 
 
-owner.at_fork_in_child(_renew_locks)
+at_fork_in_child(_renew_locks)

@@ -33,16 +33,23 @@ gives it back whenever this thread holds it, however far the ``try`` got: its fi
 is the release itself (refused, harmlessly, when this thread does not hold it), so a Ctrl-C can
 come after the release but never between a check of the lock and the release. The body ``step`` runs
 and the shutdown a stop request asks for are the callers'; both are inside that ``try``.
+
+A process forked by other code gets each guard's locks anew (``_renew_in_child``): the copies it
+inherits may be held by threads it does not have. A copy whose step lock a thread held at the
+fork stopped half-way through that thread's step, so stepping it raises ``LoaderError`` (closing
+it works), where it used to wait forever (tests/test_fork_held_locks.py).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from threading import get_ident
 from collections.abc import Callable
 from typing import TypeVar
 
+from shmloader.owner import at_fork_in_child
 from shmloader.errors import LoaderError
 
 T = TypeVar("T")
@@ -57,16 +64,28 @@ def reentry_error(what: str) -> LoaderError:
                        "thread running it): the iterator cannot step twice at once; do it after next() returns")
 
 
+def torn_error(what: str, parent: int) -> LoaderError:
+    """The error for ``what`` on a copy of an iterator that a thread of ``parent`` was stepping when
+    this process was forked from it."""
+    return LoaderError(f"{what} on an iterator that another thread of process {parent} was stepping when "
+                       f"this process ({os.getpid()}) was forked from it: this copy stopped half-way through "
+                       "that step (its sampler may have passed a batch that nobody received). Close it and "
+                       "make a new iterator here: iter(loader)")
+
+
 class StepGuard:
     """One iterator's step lock, its holder's ident, the stop request and the wake-up pipe."""
 
-    __slots__ = ("_lock", "owner", "stop_requested", "wake_fd", "_wake_w", "_pipe_lock", "_blockers")
+    __slots__ = ("_lock", "owner", "stop_requested", "wake_fd", "_wake_w", "_pipe_lock", "_blockers", "torn_by_fork",
+                 "__weakref__")
 
     def __init__(self, pipe: bool = True) -> None:
         self._lock = threading.RLock()  # re-entry is refused before it is taken: held at most once
         self.owner: int | None = None  # ident of the thread inside next(), if any (for messages)
         self.stop_requested = False
         self._pipe_lock = threading.Lock()
+        self.torn_by_fork: int | None = None  # in a child forked mid-step: the parent's pid (_renew_in_child)
+        _GUARDS.add(self)
         # what may keep a next() from returning, for close()'s error: with workers the poll is woken
         self._blockers = ("a plugin hook or the sampler" if pipe else
                           "with num_workers=0 the dataset, sampler or collate_fn, or a plugin hook")
@@ -87,6 +106,8 @@ class StepGuard:
         """Run ``body`` owning the iterator (``what`` names the call, for the error); then, if a
         close was asked for meanwhile, ``on_stop`` (the owner closes the iterator). The iterator is
         given back however either ends, a Ctrl-C included."""
+        if self.torn_by_fork is not None:
+            raise torn_error(what, self.torn_by_fork)
         lock = self._lock
         if lock._is_owned():  # type: ignore[attr-defined]  # _held_here inlined: once per batch
             self._refuse_reentry(what)
@@ -183,3 +204,24 @@ class StepGuard:
                     os.close(write_end)
                 finally:
                     os.close(read_end)
+
+
+_GUARDS: weakref.WeakSet[StepGuard] = weakref.WeakSet()  # every iterator's, for _renew_in_child
+
+
+def _renew_in_child() -> None:
+    """In a forked child, its one thread, before anything else runs there: each guard's locks anew.
+    A step lock that another thread held at the fork (not this one: it can take it again) marks
+    its iterator's copy as torn (``StepGuard.step`` refuses it)."""
+    parent = os.getppid()
+    for guard in list(_GUARDS):
+        if guard._lock.acquire(blocking=False):
+            guard._lock.release()
+        else:
+            guard._lock = threading.RLock()
+            guard.owner = None
+            guard.torn_by_fork = parent
+        guard._pipe_lock = threading.Lock()
+
+
+at_fork_in_child(_renew_in_child)
