@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     before = _meminfo_kib("ShmemPmdMapped")
     segment = Segment.create(shm_dir, int(np.prod(shape)) * np.dtype(field.dtype).itemsize)
     segment.unlink()  # the mapping stays; nothing is left in the directory
-    shared = np.ndarray(shape, field.dtype, buffer=segment.buf)
+    shared: np.ndarray[Any, Any] = np.ndarray(shape, field.dtype, buffer=segment.buf)  # annotated: older numpy's stubs ask
     targets: dict[str, Any] = {"private, huge pages": huge, "private, 4 KiB pages": small, "shared": shared}
     times: dict[str, list[float]] = {name: [] for name in targets}
     for out in targets.values():
