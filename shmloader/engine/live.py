@@ -29,9 +29,9 @@ import threading
 import weakref
 from typing import Any
 
-from shmloader.owner import at_fork_in_child
 from shmloader.engine.iterator import close_each
 from shmloader.errors import LoaderClosed
+from shmloader.owner import at_fork_in_child
 
 # Every multi-process iterator of this process not yet shut, whatever loader made it: closed at
 # interpreter exit, so no worker outlives the script that forgot to close its loader.

@@ -49,8 +49,8 @@ from threading import get_ident
 from collections.abc import Callable
 from typing import TypeVar
 
-from shmloader.owner import at_fork_in_child
 from shmloader.errors import LoaderError
+from shmloader.owner import at_fork_in_child
 
 T = TypeVar("T")
 
