@@ -5,6 +5,8 @@ not; the suite's leak guard (conftest.py) and the tests that count workers agree
 from __future__ import annotations
 
 import os
+import select
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -76,3 +78,18 @@ def within(call: Callable[[], Any], seconds: float) -> Any:
         finally:
             del error  # else this frame, in the error's traceback, holds it: a cycle only the collector frees
     return out.get("value")
+
+
+def child_exit_code(pid: int, deadline_s: float) -> int | None:
+    """The exit code of ``pid``, a child of this process that another fork made (not a
+    ``multiprocessing`` one), once it exits within ``deadline_s``; None, and the child killed and
+    reaped, if it has not (it hangs)."""
+    fd = os.pidfd_open(pid)
+    try:
+        ended, _, _ = select.select([fd], [], [], deadline_s)
+    finally:
+        os.close(fd)
+    if not ended:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) if ended else None

@@ -14,14 +14,13 @@ and a new ``iter(loader)``, work in the child.
 from __future__ import annotations
 
 import os
-import select
-import signal
 import threading
 import traceback
 from typing import Any
 
 import numpy as np
 import pytest
+from process_helpers import child_exit_code
 
 import shmloader
 
@@ -32,19 +31,6 @@ def _hold(lock: Any, held: threading.Event, release: threading.Event) -> None:
     with lock:
         held.set()
         release.wait(CHILD_S)
-
-
-def _exit_code(pid: int) -> int | None:
-    """The child's exit code, or None (and the child killed) if it did not end within CHILD_S."""
-    fd = os.pidfd_open(pid)
-    try:
-        ended, _, _ = select.select([fd], [], [], CHILD_S)
-    finally:
-        os.close(fd)
-    if not ended:
-        os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) if ended else None
 
 
 def _forked_while_held(lock: Any, in_child: Any) -> int | None:
@@ -67,7 +53,7 @@ def _forked_while_held(lock: Any, in_child: Any) -> int | None:
     finally:
         release.set()
         holder.join()
-    return _exit_code(pid)
+    return child_exit_code(pid, CHILD_S)
 
 
 def _in_child(loader: Any) -> int:

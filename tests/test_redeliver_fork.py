@@ -12,14 +12,15 @@ parent's, and no thread in the child would deliver it.
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
-from process_helpers import until
+from process_helpers import child_exit_code
 
 from shmloader.redeliver import interrupt_main_later
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+EXIT_S = 10.0  # how long a child that does not hang takes at most
 
 
 def _fork_holding_the_timers_lock(timer: object) -> int:
@@ -36,23 +37,6 @@ def _fork_holding_the_timers_lock(timer: object) -> int:
     return pid
 
 
-def _exit_code(pid: int) -> int | None:
-    """The child's exit code once it exits within a deadline; None (and the child killed) if it hangs."""
-    statuses: list[int] = []
-
-    def exited() -> bool:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            statuses.append(status)
-        return bool(done)
-
-    if not until(exited, 10.0):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return None
-    return os.waitstatus_to_exitcode(statuses[0])
-
-
 @pytest.mark.timeout(60)
 def test_cancel_in_a_child_forked_while_the_timer_held_its_lock_returns() -> None:
     timer = interrupt_main_later(3600.0)
@@ -60,7 +44,7 @@ def test_cancel_in_a_child_forked_while_the_timer_held_its_lock_returns() -> Non
         pid = _fork_holding_the_timers_lock(timer)
     finally:
         timer.cancel()
-    assert _exit_code(pid) == 0, "the forked child's timer.cancel() blocked on the lock held at the fork"
+    assert child_exit_code(pid, EXIT_S) == 0, "the forked child's timer.cancel() blocked on the lock held at the fork"
 
 
 @pytest.mark.timeout(60)
@@ -68,7 +52,7 @@ def test_a_timer_cancelled_at_a_fork_stays_alive_in_the_parent() -> None:
     """The hook changes the child's copy only: the parent's retry still fires there, or is cancelled."""
     timer = interrupt_main_later(3600.0)
     try:
-        assert _exit_code(_fork_holding_the_timers_lock(timer)) == 0
+        assert child_exit_code(_fork_holding_the_timers_lock(timer), EXIT_S) == 0
         assert timer.is_alive() and not timer.finished.is_set()
     finally:
         timer.cancel()
