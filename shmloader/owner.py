@@ -32,10 +32,14 @@ import contextlib
 import gc
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 __all__ = ["ProcessOwner", "at_fork_in_child", "before_our_fork", "fork_mark", "forked_since", "our_fork",
-           "started_by_us"]
+           "renewed_in_child", "started_by_us"]
+
+_T = TypeVar("_T")
 
 _pid = os.getpid()  # this process's pid, refreshed in every forked child
 _child_hooks: list[Callable[[], None]] = []
@@ -97,6 +101,22 @@ def at_fork_in_child(hook: Callable[[], None]) -> None:
     """Run ``hook`` in every forked child, after this module has refreshed the pid and before the
     collector can run there (``_before_fork`` holds it)."""
     _child_hooks.append(hook)
+
+
+def renewed_in_child(renew: Callable[[_T], None]) -> weakref.WeakSet[_T]:
+    """A weak set whose members each get ``renew(member)`` in every forked child (``at_fork_in_child``),
+    in the child's one thread before anything else runs there: the way a per-process object (a
+    lock that a parent's thread may have held at the fork, a timer whose thread was not forked)
+    is made anew in the child. Promises: every member alive at the fork is renewed once; the set
+    holds none of them alive."""
+    members: weakref.WeakSet[_T] = weakref.WeakSet()
+
+    def renew_all() -> None:
+        for member in list(members):
+            renew(member)
+
+    at_fork_in_child(renew_all)
+    return members
 
 
 # The collector is held (disabled) from just before a fork until this module's child hook has

@@ -15,13 +15,22 @@ from __future__ import annotations
 import _thread
 import signal
 import threading
-import weakref
 
 from shmloader import owner
 
 __all__ = ["SOON_S", "interrupt_main_later"]
 
-_PENDING: weakref.WeakSet[threading.Timer] = weakref.WeakSet()  # every timer started, while it lives
+
+def _cancelled_in_child(timer: threading.Timer) -> None:
+    """In a forked child: an inherited timer is cancelled, with a fresh event. Its thread was not
+    forked, and it may have held its event's lock at the fork (a moment of each wait, and as it
+    fires): the child's ``cancel()`` then blocked on that lock forever
+    (tests/test_redeliver_fork.py)."""
+    timer.finished = threading.Event()
+    timer.finished.set()
+
+
+_PENDING = owner.renewed_in_child(_cancelled_in_child)  # every timer started, while it lives
 SOON_S = 0.02  # long enough for the caller to have returned: SIGINT's handler then runs at once
 
 
@@ -37,15 +46,3 @@ def interrupt_main_later(delay_s: float = SOON_S) -> threading.Timer:
     return timer
 
 
-def _cancelled_in_child() -> None:
-    """In a forked child: every timer inherited is cancelled, with a fresh event. Its thread was
-    not forked, and it may have held its event's lock at the fork (a moment of each wait, and as it
-    fires): the child's ``cancel()`` then blocked on that lock forever
-    (tests/test_redeliver_fork.py)."""
-    for timer in list(_PENDING):
-        timer.finished = threading.Event()
-        timer.finished.set()
-    _PENDING.clear()
-
-
-owner.at_fork_in_child(_cancelled_in_child)

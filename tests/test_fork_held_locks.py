@@ -96,3 +96,29 @@ def test_a_child_forked_inside_a_step_says_its_copy_is_torn_and_makes_a_new_one(
     assert code == 0, {None: "the child hung", 3: "an error that does not say why", 4: "no error"}.get(code, code)
     assert [b[0].tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]  # the parent's own goes on
     loader.close()
+
+
+class _Member:
+    renewed = 0
+
+
+def _renew(member: _Member) -> None:
+    member.renewed += 1
+
+
+@pytest.mark.timeout(60)
+def test_renewed_in_child_renews_each_live_member_once_in_the_child_only() -> None:
+    """``owner.renewed_in_child``, which the registries, step guards and retry timers share: each
+    member alive at a fork is renewed once in the child, a member gone is not kept, the parent's
+    are untouched."""
+    from shmloader import owner
+
+    members = owner.renewed_in_child(_renew)
+    kept, dropped = _Member(), _Member()
+    members.update((kept, dropped))
+    del dropped  # the set holds no member alive
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(0 if kept.renewed == 1 and len(members) == 1 else 1)
+    assert child_exit_code(pid, CHILD_S) == 0
+    assert kept.renewed == 0 and len(members) == 1

@@ -31,7 +31,7 @@ from typing import Any
 
 from shmloader.engine.iterator import close_each
 from shmloader.errors import LoaderClosed
-from shmloader.owner import at_fork_in_child
+from shmloader.owner import renewed_in_child
 
 # Every multi-process iterator of this process not yet shut, whatever loader made it: closed at
 # interpreter exit, so no worker outlives the script that forgot to close its loader.
@@ -107,13 +107,9 @@ class LiveIterators:
         close_each(iterators)
 
 
-_REGISTRIES: weakref.WeakSet[LiveIterators] = weakref.WeakSet()  # every loader's, to renew at a fork
+def _renew_lock(registry: LiveIterators) -> None:
+    """In a forked child, its one thread, before anything else runs there: the registry's lock anew."""
+    registry._lock = threading.Lock()
 
 
-def _renew_locks() -> None:
-    """In a forked child, its one thread, before anything else runs there: each registry's lock anew."""
-    for registry in list(_REGISTRIES):
-        registry._lock = threading.Lock()
-
-
-at_fork_in_child(_renew_locks)
+_REGISTRIES = renewed_in_child(_renew_lock)  # every loader's

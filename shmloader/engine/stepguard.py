@@ -44,13 +44,12 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from threading import get_ident
 from collections.abc import Callable
 from typing import TypeVar
 
 from shmloader.errors import LoaderError
-from shmloader.owner import at_fork_in_child
+from shmloader.owner import renewed_in_child
 
 T = TypeVar("T")
 
@@ -206,22 +205,17 @@ class StepGuard:
                     os.close(read_end)
 
 
-_GUARDS: weakref.WeakSet[StepGuard] = weakref.WeakSet()  # every iterator's, for _renew_in_child
-
-
-def _renew_in_child() -> None:
-    """In a forked child, its one thread, before anything else runs there: each guard's locks anew.
+def _renew_in_child(guard: StepGuard) -> None:
+    """In a forked child, its one thread, before anything else runs there: the guard's locks anew.
     A step lock that another thread held at the fork (not this one: it can take it again) marks
     its iterator's copy as torn (``StepGuard.step`` refuses it)."""
-    parent = os.getppid()
-    for guard in list(_GUARDS):
-        if guard._lock.acquire(blocking=False):
-            guard._lock.release()
-        else:
-            guard._lock = threading.RLock()
-            guard.owner = None
-            guard.torn_by_fork = parent
-        guard._pipe_lock = threading.Lock()
+    if guard._lock.acquire(blocking=False):
+        guard._lock.release()
+    else:
+        guard._lock = threading.RLock()
+        guard.owner = None
+        guard.torn_by_fork = os.getppid()
+    guard._pipe_lock = threading.Lock()
 
 
-at_fork_in_child(_renew_in_child)
+_GUARDS = renewed_in_child(_renew_in_child)  # every iterator's
