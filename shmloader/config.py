@@ -149,10 +149,13 @@ def check_environment() -> Config:
 def _resolve_one(spec: Field, explicit: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Any, str]:
     # None for one of shmloader's own options (``check`` set) is its signature's default: unset, so a
     # wrapper forwarding its own None defaults gets the variable or the default (tests/test_config_none.py)
+    # the variable is parsed even where an argument wins: a bad value is a mistake either way, and it
+    # used to fail only once the argument was dropped (tests/test_config.py)
+    from_env = spec.from_env(env[spec.env]) if spec.env in env else None
     if spec.name in explicit and not (explicit[spec.name] is None and spec.check is not None):
         return spec.from_argument(explicit[spec.name]), ARGUMENT
     if spec.env in env:
-        return spec.from_env(env[spec.env]), ENVIRONMENT
+        return from_env, ENVIRONMENT
     return spec.default, DEFAULT
 
 

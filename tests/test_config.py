@@ -57,6 +57,16 @@ def test_explicit_argument_wins_over_environment(spec) -> None:
     assert config.provenance[spec.name] == "argument"
 
 
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_a_bad_variable_is_an_error_even_where_an_argument_wins(spec) -> None:
+    """A malformed variable is a mistake whether or not an argument shadows it: it used to be ignored
+    silently while the argument was passed, and to fail only once the argument was dropped."""
+    given = spec.from_env(spec.example)
+    with pytest.raises(ConfigError) as caught:
+        resolve_quiet({spec.name: given}, {**WORKERS, spec.env: " "})
+    assert caught.value.name == spec.env and spec.env in str(caught.value)
+
+
 def test_environment_fills_only_what_the_caller_left_unset() -> None:
     env = {"SHMLOADER_NUM_WORKERS": "8", "SHMLOADER_TIMEOUT": "2.5", "SHMLOADER_PIN_MEMORY": "yes"}
     config = resolve_quiet({"num_workers": 3}, env)
