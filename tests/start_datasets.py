@@ -73,3 +73,35 @@ class DiesAtReset(IterableDataset):
                 os.kill(os.getpid(), signal.SIGKILL)
         step, first = (1, 0) if info is None else (info.num_workers, info.id)
         return (sample(i) for i in range(first, self.n, step))
+
+
+class InitCountedRaisesIn(InitRaisesIn):
+    """``InitRaisesIn`` that first appends its worker id to the file ``calls``: how many times, and in
+    which workers, ``worker_init_fn`` ran."""
+
+    def __init__(self, worker: int, calls: str) -> None:
+        super().__init__(worker)
+        self.calls = calls
+
+    def __call__(self, worker_id: int) -> None:
+        with open(self.calls, "a") as f:
+            f.write(f"{worker_id}\n")
+        super().__call__(worker_id)
+
+
+def init_calls(calls: str) -> list[int]:
+    """The worker ids ``InitCountedRaisesIn`` wrote, sorted."""
+    with open(calls) as f:
+        return sorted(int(line) for line in f.read().split())
+
+
+class ShardedRange(IterableDataset):
+    """``range(n)``, sharded over the workers by worker id (the whole range without workers)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        return iter(range(first, self.n, step))

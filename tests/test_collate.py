@@ -272,9 +272,10 @@ def test_string_and_object_arrays_raise_torchs_type_error(batch: list[Any]) -> N
 
 @pytest.mark.parametrize(
     ("batch", "match"),
-    [([np.float64(1), "a"], r"found <class 'str'> \(at batch\['v'\]\)"),
-     ([np.float64(1), np.str_("a")], r"found <class 'numpy.str_'> \(at batch\['v'\]\)"),
-     ([np.int8(1), None], r"found <class 'NoneType'> \(at batch\['v'\]\)"),
+    [([np.float64(1), "a"], r"found <class 'str'> \(at batch\['v'\]: entry 0 is a numpy.float64, entry 1 a str\)"),
+     ([np.float64(1), np.str_("a")], r"found <class 'numpy.str_'> \(at batch\['v'\]: entry 0 is a numpy.float64, "
+                                     r"entry 1 a numpy.str_\)"),
+     ([np.int8(1), None], r"found <class 'NoneType'> \(at batch\['v'\]: entry 0 is a numpy.int8, entry 1 a NoneType\)"),
      ([1.0, None], r"floats .* numpy made dtype object \(at batch\['v'\]"),
      ([1.0, "a"], r"floats .* numpy made dtype <U\d+ \(at batch\['v'\]"),
      ([1.0, [1.0, 2.0]], r"floats .* \(at batch\['v'\]"),

@@ -13,9 +13,11 @@ Promises:
   numbers of a batch, which numpy converts on the heap first (a few bytes per sample);
 - containers are rebuilt as torch rebuilds them (tuples become lists, mappings and mutable
   sequences are cloned, namedtuples keep their type), with each value collated exactly once;
-- errors keep torch's type and wording and add the field path (``batch['image'][0]``); a sample
-  mapping that lacks a key entry 0 has raises torch's bare ``KeyError(key)``, with a note (not
-  its args, which stay torch's) naming the field and the entry.
+- errors keep torch's type and wording and add the field path (``batch['image'][0]``) and, when
+  the field's samples are of mixed types, the first entry of another type than entry 0's (a dict
+  and a tuple, a number and None); a sample mapping that lacks a key entry 0 has raises torch's
+  bare ``KeyError(key)``, with a note (not its args, which stay torch's) naming the field and the
+  entry.
 
 Every rule has the :class:`~shmloader.collate.CollateRule` signature ``rule(batch, ctx)``.
 """
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.collate.context import CollateContext
-from shmloader.collate.field_errors import CollateShapeError, mixed_entries
+from shmloader.collate.field_errors import CollateShapeError, mixed_entries, name_field
 from shmloader.kept import note
 
 __all__ = [
@@ -81,8 +83,8 @@ def raise_shape_error(batch: Sequence[Any], ctx: CollateContext) -> None:
 
 
 def reject(batch: Sequence[Any], ctx: CollateContext) -> Any:
-    """Rule for types no rule handles: torch's TypeError, plus the field path."""
-    raise TypeError(f"{UNSUPPORTED_MESSAGE.format(type(batch[0]))} (at {ctx.path})")
+    """Rule for types no rule handles: torch's TypeError, plus the field path (and the entries, if mixed)."""
+    raise TypeError(f"{UNSUPPORTED_MESSAGE.format(type(batch[0]))} (at {ctx.path}{mixed_entries(batch)})")
 
 
 def keep_batch(batch: Sequence[Any], ctx: CollateContext) -> Any:
@@ -99,7 +101,7 @@ def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
     The promoted dtype is checked, not only the first sample's, so a string or object array
     anywhere in the batch raises torch's TypeError whatever the order of the samples.
     """
-    elem = batch[0]
+    elem, samples = batch[0], batch
     if len(set(map(type, batch))) > 1:  # lists or numbers mixed in: make them arrays first
         batch = [np.asarray(sample) for sample in batch]
     try:
@@ -109,7 +111,7 @@ def collate_arrays(batch: Sequence[Any], ctx: CollateContext) -> Any:
             check_array_dtype(sample, ctx)
         raise
     if _STR_OBJ_DTYPE.search(dtype.str) is not None:
-        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(dtype)} (at {ctx.path})")
+        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(dtype)} (at {ctx.path}{mixed_entries(samples)})")
     if not dtype.isnative:
         dtype = dtype.newbyteorder("=")
     out = ctx.alloc((len(batch), *elem.shape), dtype)
@@ -181,7 +183,7 @@ def collate_numpy_scalars(batch: Sequence[Any], ctx: CollateContext) -> Any:
             (type(s) for s in batch if not isinstance(s, np.generic) or s.dtype.kind in "SUO"),
             type(batch[0]),
         )
-        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(found)} (at {ctx.path})")
+        raise TypeError(f"{UNSUPPORTED_MESSAGE.format(found)} (at {ctx.path}{mixed_entries(batch)})")
     return write_array(arr, ctx)
 
 
@@ -202,7 +204,10 @@ def collate_ints(batch: Sequence[Any], ctx: CollateContext) -> Any:
     A Python int outside int64 raises torch's ValueError ("Overflow when unpacking long long"),
     where numpy would make a uint64, rounded float64 or object array of the batch.
     """
-    arr = np.asarray(batch)
+    try:
+        arr = np.asarray(batch)
+    except ValueError as exc:  # ragged: a sequence mixed in (torch: TypeError)
+        raise _not_numbers(batch, "ints", str(exc), ctx) from exc
     kind = arr.dtype.kind
     if kind not in "ib":
         _check_int64(batch, ctx)
@@ -277,6 +282,9 @@ def collate_mappings(batch: Sequence[Any], ctx: CollateContext) -> Any:
         except KeyError as error:  # torch's bare KeyError(key), kept: a note names the field and entry
             _name_missing_key(error, key, batch, ctx)
             raise
+        except TypeError as error:  # an entry that is no mapping (a tuple): torch's words, then which
+            name_field(error, batch, ctx)
+            raise
         rule = ctx.enter(samples, f"[{key!r}]")
         try:
             values[key] = rule(samples, ctx)
@@ -334,7 +342,11 @@ def collate_namedtuples(batch: Sequence[Any], ctx: CollateContext) -> Any:
 
 def collate_sequences(batch: Sequence[Any], ctx: CollateContext) -> Any:
     """Sequences: transposed and collated position by position; tuples become lists (torch)."""
-    sizes = set(map(len, batch))
+    try:
+        sizes = set(map(len, batch))
+    except TypeError as error:  # an entry with no len() (a number): torch's words, then which
+        name_field(error, batch, ctx)
+        raise
     if len(sizes) > 1:
         _raise_unequal_lengths(batch, ctx)
     collated = []

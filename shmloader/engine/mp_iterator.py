@@ -329,7 +329,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         if isinstance(msg, Failed):
             if msg.starting:  # the worker could not start: none of its tasks will be done, the iterator stops
                 raise self._worker_exception(msg, rec.worker_id, None)  # named as torch names it: no task
-            raise self._batch_failed(rec.task, self._worker_exception(msg, rec.worker_id, rec))
+            # worker_init_fn's error (msg.init) is named as torch names it: no task, whose batch it is all the same
+            raise self._batch_failed(rec.task, self._worker_exception(msg, rec.worker_id, None if msg.init else rec))
         size = rec.slot.size_bytes if rec.slot is not None else 0
         buf = self._ledger.deliver(rec)
         try:

@@ -103,9 +103,12 @@ class Failed:
     type_name: str
     exc_type: bytes | None  # the pickled exception type, when it pickles
     traceback: str
-    # the worker's start-up (unpickling, seeding, worker_init_fn) failed: its answer to each task it
+    # the worker's start-up (unpickling, seeding, a worker_init_fn's sys.exit()) failed: its answer to each task it
     # is sent (task None: one that did not unpickle there), as torch's worker answers its first index
     starting: bool = False
+    # the worker's worker_init_fn raised: its answer to its first task only, after which it serves
+    # tasks without its init, as torch's worker does (worker.failed_start.run_init)
+    init: bool = False
 
 
 @_compact

@@ -29,11 +29,11 @@ samples). Promises:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import sys
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -46,7 +46,7 @@ from shmloader.collate import collate, default_convert
 from shmloader.collate.context import SlotFull, heap_alloc
 from shmloader.collate.sizing import needed_bytes
 from shmloader.log import WorkerLogSetup, apply_worker_log_setup
-from shmloader.transport import codec, exc_types, wire
+from shmloader.transport import codec, wire
 from shmloader.transport.alloc import SlotAllocator
 from shmloader.transport.messages import (
     Detach,
@@ -62,7 +62,8 @@ from shmloader.transport.messages import (
 )
 from shmloader.transport.segment import Segment, prefault
 from shmloader.worker import lineage
-from shmloader.worker.failed_start import FailedStart
+from shmloader.worker.failed_start import FailedStart, run_init
+from shmloader.worker.failed_start import failure as _failure
 from shmloader.worker.fetch import IterableFetcher, MapFetcher
 from shmloader.worker.lineage import PARENT_CHECK_S
 from shmloader.worker.pipes import PipeWatch
@@ -209,12 +210,6 @@ def _send(conn: Connection, msg: Any) -> None:
         os._exit(0)
 
 
-def _failure(epoch: int, task: int | None, exc_info: Any, starting: bool = False) -> Failed:
-    exc_type, exc, tb = exc_info
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    return Failed(epoch, task, exc_type.__name__, exc_types.dumps(exc_type), text, starting)
-
-
 _QUIET: Any = object()  # no frame within the wait: time to check on the main process
 
 
@@ -260,14 +255,14 @@ class _Worker:
         worker_info.set_worker_info(
             worker_info.WorkerInfo(id=worker_id, num_workers=spec.num_workers, seed=seed, dataset=spec.dataset)
         )
-        if spec.worker_init_fn is not None:
-            spec.worker_init_fn(worker_id)
+        self.init_failure = run_init(spec.worker_init_fn, worker_id)  # its first task's answer, as torch's
         if spec.collate_kind == "builtin":  # entry-point plugins load here too (docs/plugins.md)
             from shmloader.plugins import worker_collate_rules
 
             spec.collate_rules = worker_collate_rules(spec.collate_rules)
         self.fetcher = make_fetcher(spec, start=False)
-        self._begin_share()
+        if self.init_failure is None:  # else an iterable share stays ended this epoch (torch's never ends)
+            self._begin_share()
 
     def _begin_share(self, seed: int | None = None) -> None:
         """Begin this worker's share of the epoch: ``iter(dataset)`` for an iterable dataset (after
@@ -297,6 +292,9 @@ class _Worker:
 
     # -- one task --------------------------------------------------------------------------
     def handle(self, task: Task) -> Any:
+        if self.init_failure is not None:  # worker_init_fn raised: this task fails, once
+            failed, self.init_failure = self.init_failure, None
+            return dataclasses.replace(failed, epoch=task.epoch, task=task.task)
         if self.reset_error is not None:
             exc_info, self.reset_error = self.reset_error, None
             return _failure(task.epoch, task.task, exc_info)
