@@ -209,6 +209,19 @@ def test_a_state_whose_generators_do_not_fit_this_loader_restores_nothing(saved_
     assert [_state_of(target._generator_source), _state_of(sampler._source)] == streams
 
 
+@pytest.mark.parametrize("generator", [lambda: torch.Generator().manual_seed(3), lambda: 7])
+def test_a_generator_the_state_holds_nothing_for_is_refused(generator: Callable[[], Any]) -> None:
+    # saved with generator=None: the order came from torch's global RNG, which the state holds; a
+    # loader with a generator draws its order from that instead, so the delivered tasks would be
+    # other batches (loaded before: 5 of 23 samples lost, 5 repeated, without a word)
+    saving: shmloader.DataLoader[Any] = shmloader.DataLoader(DATA, batch_size=3, shuffle=True)
+    state = _saved_after_two_batches(saving)
+    assert state["random"]["sources"] == []
+    with pytest.raises(StateError, match="this loader has a (torch|numpy) generator at generator, but the state "
+                                         "holds no generator state there"):
+        shmloader.DataLoader(DATA, batch_size=3, shuffle=True, generator=generator()).load_state_dict(state)
+
+
 def test_an_object_that_refuses_its_state_leaves_the_others_as_they_were() -> None:
     saving: shmloader.DataLoader[Any] = shmloader.DataLoader(Scaled(), batch_size=3, sampler=Offset(), generator=7)
     assert isinstance(saving.sampler, Offset)
