@@ -317,7 +317,7 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
         raise StateError(f"not a shmloader DataLoader state: format is {got!r}, expected {FORMAT!r}", got, FORMAT)
-    if state.get("version") != STATE_VERSION:
+    if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:  # True == 1 is no version
         raise StateError(f"state version {state.get('version')!r} cannot be loaded: this shmloader reads "
                          f"version {STATE_VERSION}", state.get("version"), STATE_VERSION)
     missing = [k for k in _KEYS if k not in state]

@@ -72,6 +72,11 @@ CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "delivered range of strings": (_set(["delivered"], [["a", "b"]]), "the state's delivered must be sorted"),
     "delivered range negative": (_set(["delivered"], [[-2, 1]]), "the state's delivered must be sorted"),
     "base_seed_drawn a string": (_set(["random", "base_seed_drawn"], "yes"), "random.base_seed_drawn must be true"),
+    # an epoch's start has nothing delivered: loaded, such tasks were skipped in the next epoch
+    "delivered while not in progress": (_set(["in_progress"], False), "delivered must be empty when in_progress"),
+    # an iterable dataset's resume makes this many batches again and drops them: past the epoch, all of it
+    "yielded past the delivered tasks": (_set(["yielded"], 50), r"yielded \(50\) cannot exceed the 2 delivered"),
+    "version true": (_set(["version"], True), "state version True cannot be loaded"),
 }
 
 
