@@ -26,10 +26,13 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import random
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from shmloader.errors import StateError
 from shmloader.state_config import check_config, config_of, type_name
@@ -328,15 +331,25 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
 
 
 # -- what cannot be saved ---------------------------------------------------------------------
+_SAMPLERS = ("sampler", "batch_sampler", "batch_sampler.sampler")  # where an order is drawn
+
+
 def _unsaveable(loader: Any) -> str | None:
-    """Why this epoch's order cannot be re-created, if it cannot."""
-    if sys.modules.get("torch") is not None:  # a None there hides torch: the sampler drew without it
-        return None
-    for path in ("sampler", "batch_sampler.sampler"):
-        sampler = loader if path == "sampler" else loader.batch_sampler
-        sampler = getattr(sampler, "sampler", None)
-        if (sampler is not None and getattr(sampler, "generator", 0) is None
-                and not callable(getattr(sampler, "state_dict", None))):
+    """Why this epoch's order cannot be re-created, if it cannot: a sampler without ``state_dict``
+    drawing from a source the state cannot hold."""
+    for path in _SAMPLERS:
+        sampler = object_at(loader, path)
+        if sampler is None or stateful(sampler) is not None:
+            continue
+        generator = getattr(sampler, "generator", 0)
+        if isinstance(generator, (random.Random, np.random.RandomState)):  # stateful, but not saved here
+            return (f"cannot save the position of this epoch: the {path} ({type(sampler).__name__}) draws its order "
+                    f"from its generator attribute, a {type(generator).__name__}, whose state a loader state does "
+                    "not hold, so the order cannot be re-created. Use a numpy.random.Generator "
+                    f"(numpy.random.default_rng(seed)) or a torch.Generator there, or give the {path} "
+                    "state_dict()/load_state_dict().")
+        if generator is None and path != "batch_sampler" and sys.modules.get("torch") is None:
+            # a None there hides torch too: the sampler drew without it
             return (f"cannot save the position of this epoch: {type(sampler).__name__} with generator=None "
                     "draws its order from fresh OS entropy when torch is not imported, so the order cannot be "
                     "re-created. Pass generator= (an int seed, numpy or torch Generator) to make it resumable.")
