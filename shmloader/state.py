@@ -151,11 +151,25 @@ class _Uncopied:
 
 def _copied(name: str, obj: Any) -> Any:
     try:
-        return copy.deepcopy(obj.state_dict())
+        return _python_scalars(copy.deepcopy(obj.state_dict()))
     except Exception as exc:  # what state_dict() returned holds a lock, a file, a generator object...
         return _Uncopied(f"cannot save the loader state: the {name}'s state_dict() ({type_name(obj)}) could not "
                          f"be copied when the epoch started ({type(exc).__name__}: {exc}); it must return plain "
                          "values (dict, list, str, int, float, bool, None)")
+
+
+def _python_scalars(value: Any) -> Any:
+    """``value`` with each numpy scalar (an ``np.float64`` level, an ``np.int64`` offset: what numpy
+    arithmetic makes) as the Python value it holds, through dicts, lists and tuples: the state is
+    plain data, which JSON takes and ``torch.load(weights_only=True)``, torch's default, loads."""
+    if isinstance(value, np.generic):
+        return value.item()
+    kind = type(value)
+    if kind is dict:
+        return {_python_scalars(k): _python_scalars(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return kind(_python_scalars(v) for v in value)
+    return value
 
 
 def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], random: Snapshot,
