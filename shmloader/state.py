@@ -353,7 +353,7 @@ def _unsaveable(loader: Any) -> str | None:
     drawing from a source the state cannot hold."""
     for path in _SAMPLERS:
         sampler = object_at(loader, path)
-        if sampler is None or stateful(sampler) is not None:
+        if sampler is None or callable(getattr(sampler, "state_dict", None)):  # it saves what it draws from
             continue
         generator = getattr(sampler, "generator", 0)
         if isinstance(generator, (random.Random, np.random.RandomState)):  # stateful, but not saved here

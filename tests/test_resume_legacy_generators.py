@@ -12,6 +12,7 @@ the sampler and the generator's type, as for any order that cannot be re-created
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -95,3 +96,29 @@ def test_a_generator_that_is_saved_resumes(sampler: Callable[[], shmloader.Sampl
     resumed = make()
     resumed.load_state_dict(saving.state_dict())
     assert before + [b.tolist() for b in resumed] == second
+
+
+class EpochKeyed(shmloader.Sampler):
+    """``set_epoch`` and an integer ``epoch`` (saved as its epoch) but no state_dict; with
+    ``generator=None`` and torch hidden, its order comes from fresh OS entropy."""
+
+    def __init__(self) -> None:
+        self.generator, self.epoch = None, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.random.default_rng().permutation(N).tolist())
+
+    def __len__(self) -> int:
+        return N
+
+
+def test_an_epoch_keyed_sampler_drawing_fresh_entropy_is_still_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch hidden: generator=None is OS entropy
+    loader: shmloader.DataLoader[Any] = shmloader.DataLoader(DATA, batch_size=3, sampler=EpochKeyed())
+    it = iter(loader)
+    next(it)
+    with pytest.raises(StateError, match="EpochKeyed with generator=None draws its order from fresh OS entropy"):
+        loader.state_dict()
