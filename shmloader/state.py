@@ -26,10 +26,13 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import random
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from shmloader.errors import StateError
 from shmloader.state_config import check_config, config_of, type_name
@@ -148,11 +151,25 @@ class _Uncopied:
 
 def _copied(name: str, obj: Any) -> Any:
     try:
-        return copy.deepcopy(obj.state_dict())
+        return _python_scalars(copy.deepcopy(obj.state_dict()))
     except Exception as exc:  # what state_dict() returned holds a lock, a file, a generator object...
         return _Uncopied(f"cannot save the loader state: the {name}'s state_dict() ({type_name(obj)}) could not "
                          f"be copied when the epoch started ({type(exc).__name__}: {exc}); it must return plain "
                          "values (dict, list, str, int, float, bool, None)")
+
+
+def _python_scalars(value: Any) -> Any:
+    """``value`` with each numpy scalar (an ``np.float64`` level, an ``np.int64`` offset: what numpy
+    arithmetic makes) as the Python value it holds, through dicts, lists and tuples: the state is
+    plain data, which JSON takes and ``torch.load(weights_only=True)``, torch's default, loads."""
+    if isinstance(value, np.generic):
+        return value.item()
+    kind = type(value)
+    if kind is dict:
+        return {_python_scalars(k): _python_scalars(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return kind(_python_scalars(v) for v in value)
+    return value
 
 
 def new_record(loader: Any, book: Any, base_seed: int, objects: dict[str, Any], random: Snapshot,
@@ -317,7 +334,7 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
         raise StateError(f"not a shmloader DataLoader state: format is {got!r}, expected {FORMAT!r}", got, FORMAT)
-    if state.get("version") != STATE_VERSION:
+    if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:  # True == 1 is no version
         raise StateError(f"state version {state.get('version')!r} cannot be loaded: this shmloader reads "
                          f"version {STATE_VERSION}", state.get("version"), STATE_VERSION)
     missing = [k for k in _KEYS if k not in state]
@@ -328,15 +345,25 @@ def check(loader: Any, state: Mapping[str, Any]) -> None:
 
 
 # -- what cannot be saved ---------------------------------------------------------------------
+_SAMPLERS = ("sampler", "batch_sampler", "batch_sampler.sampler")  # where an order is drawn
+
+
 def _unsaveable(loader: Any) -> str | None:
-    """Why this epoch's order cannot be re-created, if it cannot."""
-    if sys.modules.get("torch") is not None:  # a None there hides torch: the sampler drew without it
-        return None
-    for path in ("sampler", "batch_sampler.sampler"):
-        sampler = loader if path == "sampler" else loader.batch_sampler
-        sampler = getattr(sampler, "sampler", None)
-        if (sampler is not None and getattr(sampler, "generator", 0) is None
-                and not callable(getattr(sampler, "state_dict", None))):
+    """Why this epoch's order cannot be re-created, if it cannot: a sampler without ``state_dict``
+    drawing from a source the state cannot hold."""
+    for path in _SAMPLERS:
+        sampler = object_at(loader, path)
+        if sampler is None or callable(getattr(sampler, "state_dict", None)):  # it saves what it draws from
+            continue
+        generator = getattr(sampler, "generator", 0)
+        if isinstance(generator, (random.Random, np.random.RandomState)):  # stateful, but not saved here
+            return (f"cannot save the position of this epoch: the {path} ({type(sampler).__name__}) draws its order "
+                    f"from its generator attribute, a {type(generator).__name__}, whose state a loader state does "
+                    "not hold, so the order cannot be re-created. Use a numpy.random.Generator "
+                    f"(numpy.random.default_rng(seed)) or a torch.Generator there, or give the {path} "
+                    "state_dict()/load_state_dict().")
+        if generator is None and path != "batch_sampler" and sys.modules.get("torch") is None:
+            # a None there hides torch too: the sampler drew without it
             return (f"cannot save the position of this epoch: {type(sampler).__name__} with generator=None "
                     "draws its order from fresh OS entropy when torch is not imported, so the order cannot be "
                     "re-created. Pass generator= (an int seed, numpy or torch Generator) to make it resumable.")

@@ -37,6 +37,12 @@ def check_fields(state: Mapping[str, Any]) -> None:
     _expect(ok, "base_seed", seed, "an integer in [0, 2**64)" + ("" if state["in_progress"] else ", or null"))
     _expect(isinstance(state["delivered"], list), "delivered", state["delivered"], "a list of [start, stop) ranges")
     check_ranges(state["delivered"])
+    if not state["in_progress"]:  # the start of an epoch: loaded, such tasks were skipped in that epoch
+        _expect(not state["delivered"], "delivered", state["delivered"], "empty when in_progress is false")
+    delivered = sum(stop - start for start, stop in state["delivered"])
+    if state["yielded"] > delivered:  # an iterable dataset's resume would make and drop that many batches
+        raise StateError(f"the state's yielded ({state['yielded']}) cannot exceed the {delivered} delivered tasks "
+                         "(every batch handed out was delivered)", state["yielded"], delivered)
     _check_random(state["random"])
 
 

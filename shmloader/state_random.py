@@ -116,8 +116,17 @@ def encode_random(sources: Sources, torch_global: Any) -> dict[str, Any]:
 def prepare_restore(loader: Any, sources: list[dict[str, Any]]) -> list[Callable[[], None]]:
     """Check every saved generator state of ``sources`` (``random.sources``) against the loader's
     generator at its paths; return what puts each back. Raises StateError, having changed nothing,
-    for a generator of another kind or type, so ``load`` can check everything before it acts."""
+    for a generator of another kind or type, or one of the loader's that the state holds no state
+    for, so ``load`` can check everything before it acts."""
     setters = []
+    saved = {path for entry in sources for path in entry["paths"]}
+    for path in _SOURCE_PATHS:
+        kind = kind_of(source_at(loader, path))
+        if kind is not None and path not in saved:  # it would draw an order the state knows nothing of
+            raise StateError(f"this loader has a {kind} generator at {path}, but the state holds no generator state "
+                             f"there: the saving loader had none (its order came from elsewhere, torch's global RNG "
+                             f"with generator=None), so this loader would draw another order and its delivered tasks "
+                             f"would be other batches; build it with the saving loader's generators", None, kind)
     for entry in sources:
         for path in entry["paths"]:
             target = source_at(loader, path)

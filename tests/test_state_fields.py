@@ -72,6 +72,11 @@ CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "delivered range of strings": (_set(["delivered"], [["a", "b"]]), "the state's delivered must be sorted"),
     "delivered range negative": (_set(["delivered"], [[-2, 1]]), "the state's delivered must be sorted"),
     "base_seed_drawn a string": (_set(["random", "base_seed_drawn"], "yes"), "random.base_seed_drawn must be true"),
+    # an epoch's start has nothing delivered: loaded, such tasks were skipped in the next epoch
+    "delivered while not in progress": (_set(["in_progress"], False), "delivered must be empty when in_progress"),
+    # an iterable dataset's resume makes this many batches again and drops them: past the epoch, all of it
+    "yielded past the delivered tasks": (_set(["yielded"], 50), r"yielded \(50\) cannot exceed the 2 delivered"),
+    "version true": (_set(["version"], True), "state version True cannot be loaded"),
 }
 
 
@@ -207,6 +212,19 @@ def test_a_state_whose_generators_do_not_fit_this_loader_restores_nothing(saved_
         target.load_state_dict(state)
     assert target.dataset.scale == 1  # the dataset's load_state_dict was not called
     assert [_state_of(target._generator_source), _state_of(sampler._source)] == streams
+
+
+@pytest.mark.parametrize("generator", [lambda: torch.Generator().manual_seed(3), lambda: 7])
+def test_a_generator_the_state_holds_nothing_for_is_refused(generator: Callable[[], Any]) -> None:
+    # saved with generator=None: the order came from torch's global RNG, which the state holds; a
+    # loader with a generator draws its order from that instead, so the delivered tasks would be
+    # other batches (loaded before: 5 of 23 samples lost, 5 repeated, without a word)
+    saving: shmloader.DataLoader[Any] = shmloader.DataLoader(DATA, batch_size=3, shuffle=True)
+    state = _saved_after_two_batches(saving)
+    assert state["random"]["sources"] == []
+    with pytest.raises(StateError, match="this loader has a (torch|numpy) generator at generator, but the state "
+                                         "holds no generator state there"):
+        shmloader.DataLoader(DATA, batch_size=3, shuffle=True, generator=generator()).load_state_dict(state)
 
 
 def test_an_object_that_refuses_its_state_leaves_the_others_as_they_were() -> None:

@@ -11,7 +11,11 @@ holds and which workers have run out of data. Promises, with ``prefetch`` tasks 
 - ``least_loaded``: the worker holding the fewest tasks, ties broken from the cursor on;
 - an iterable dataset is dealt round-robin over the workers not yet exhausted, as torch deals it;
 - ``skip()`` (a task delivered before a resume) advances the cycle as a sent task would, so the
-  tasks that are sent go to the workers they would have gone to in an uninterrupted epoch.
+  tasks that are sent go to the workers they would have gone to in an uninterrupted epoch;
+- ``deal(w)``: an iterable dataset's task numbers follow timing once a worker's share has ended
+  (the ended worker is dealt tasks until its answer is read), so per-task seeding numbers the k-th
+  task of worker w as ``k * num_workers + w`` — its task number while no share has ended — and a
+  worker's batches draw the same whatever the others did.
 """
 
 from __future__ import annotations
@@ -35,10 +39,19 @@ class Dispatcher:
         self.in_order = in_order
         self.iterable = iterable
         self.cursor = 0
+        self.dealt = [0] * num_workers  # tasks of this epoch dealt to each worker (an iterable dataset's)
 
     def reset(self) -> None:
         """A new epoch starts its cycle at worker 0."""
         self.cursor = 0
+        self.dealt = [0] * self.num_workers
+
+    def deal(self, w: int) -> int:
+        """Count a task of an iterable dataset dealt to worker ``w``; the number per-task seeding
+        seeds it with: ``k * num_workers + w`` for the worker's k-th task of the epoch."""
+        k = self.dealt[w]
+        self.dealt[w] = k + 1
+        return k * self.num_workers + w
 
     def capacity(self, exhausted: Sequence[bool]) -> int:
         """How many tasks may be in the pipeline: ``prefetch`` per worker that still has data."""

@@ -38,7 +38,7 @@ class TaskRecord:
     A plain class with ``__slots__`` and its key stored, not derived: the engine reads these
     fields a dozen times per batch (issue 16)."""
 
-    __slots__ = ("epoch", "task", "key", "indices", "slot", "worker_id")
+    __slots__ = ("epoch", "task", "key", "indices", "slot", "worker_id", "seed_task")
 
     def __init__(self, epoch: int, task: int, indices: Any, slot: Slot | None,
                  worker_id: int = -1) -> None:
@@ -48,6 +48,7 @@ class TaskRecord:
         self.indices = indices
         self.slot = slot
         self.worker_id = worker_id
+        self.seed_task = task  # the number per-task seeding uses (an iterable dataset's: dispatch.Dispatcher.deal)
 
     def __repr__(self) -> str:
         return f"TaskRecord(epoch={self.epoch}, task={self.task}, worker_id={self.worker_id}, slot={self.slot!r})"

@@ -80,6 +80,8 @@ class SendTasks:
                 self._sampler_done = True
                 return
             rec = self._ledger.assign(self._epoch, self._next_task, indices, self._slot_size.bytes)
+            if self._iterable:  # its seed follows the worker's own count, not timing (Dispatcher.deal)
+                rec.seed_task = self._dispatcher.deal(w)
             self._next_task += 1
             self._flush_detach()
             self._send(workers[w], rec)
@@ -136,7 +138,7 @@ class SendTasks:
     def _send(self, worker: WorkerHandle, rec: TaskRecord) -> None:
         rec.worker_id = worker.id
         worker.push(rec.key)
-        seed = task_seed(self._base_seed, rec.epoch, rec.task) if self._task_seeding else None
+        seed = task_seed(self._base_seed, rec.epoch, rec.seed_task) if self._task_seeding else None
         slot = rec.slot
         assert slot is not None, "a task is sent only while it holds its slot"
         segment = slot.segment
