@@ -274,7 +274,10 @@ def test_bad_environment_value_names_the_variable_and_the_accepted_values(monkey
     assert str(info.value) == ("SHMLOADER_DISPATCH='fastest' is not a dispatch policy "
                                "(expected one of round_robin, least_loaded)")
     assert info.value.name == "SHMLOADER_DISPATCH"
-    # an explicit argument wins, so the bad variable is not even read
+    # an explicit argument wins over a good value, but a bad one is a mistake all the same (docs/config.md)
+    with pytest.raises(ConfigError, match="SHMLOADER_DISPATCH='fastest'"):
+        shmloader.DataLoader(WhoRan(), batch_size=3, dispatch="least_loaded")
+    monkeypatch.setenv("SHMLOADER_DISPATCH", "round_robin")
     assert shmloader.DataLoader(WhoRan(), batch_size=3, dispatch="least_loaded")._config.dispatch == "least_loaded"
 
 
