@@ -50,6 +50,11 @@ def watch_parent(main_pid: int, death_signal: bool) -> None:
     thread ended (an epoch run in a thread, then the next in the main one). So the caller asks
     for it only where that thread lasts as long as its process: the main thread, or the fork
     server's, which exits when the main process dies.
+
+    The death signal covers a parent that dies after it is asked for, not before: a fork server
+    killed while this worker started (tests/test_forkserver_faults.py) left it reparented and
+    running, after the main process had seen it dead and shut down. So once it is asked for, the
+    parent must still be the main process or a child of it (the fork server); else exit now.
     """
     if death_signal and sys.platform.startswith("linux"):
         try:
@@ -57,8 +62,21 @@ def watch_parent(main_pid: int, death_signal: bool) -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+        parent = os.getppid()
+        if parent != main_pid and _parent_of(parent) not in (main_pid, None):
+            os._exit(0)
     if not alive(main_pid):
         os._exit(0)
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (``/proc/<pid>/stat``), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def alive(pid: int) -> bool:
