@@ -28,7 +28,32 @@ def start(worker_id: int, parent_pid: int, death_signal: bool) -> None:
     global _worker
     _worker = (worker_id, os.getpid())
     own_signals()
+    release_fork_server()
     watch_parent(parent_pid, death_signal)
+
+
+def release_fork_server() -> None:
+    """Close this worker's copy of the fork server's "alive" pipe, so that the fork server ends
+    with the main process and this worker with it.
+
+    The fork server exits once every holder of that pipe's write end has exited, and CPython hands
+    a copy to each process it forks (and a forked worker inherits the main process's). A worker
+    inside a long sample holds it, and the worker dies only with the fork server (the death signal)
+    or when its poll sees the main process gone, between tasks: a trainer killed under forkserver
+    (SIGTERM at its default action, SIGKILL) left its busy workers, their fork server and, through
+    them, the resource tracker and the trainer's segments for as long as the sample took, for good
+    with a hung one (tests/test_main_sigterm.py). Nothing of the worker needs it: a worker is a
+    daemonic process, which multiprocessing lets start no process of its own."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    server._forkserver_alive_fd = None  # type: ignore[union-attr]
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def own_signals() -> None:
