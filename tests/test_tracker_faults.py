@@ -137,3 +137,25 @@ def test_a_trainer_killed_after_a_tracker_relaunch_leaves_no_segment() -> None:
             os.close(fd)
     left = _ours(proc.pid)
     assert left == [], f"segments left by the killed trainer: {left}"
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_keeps_none_of_its_parents_names() -> None:
+    """A child must never hand its parent's names to a tracker it starts: that tracker would unlink
+    them when the child exits, under the parent's live loader."""
+    from shmloader.transport import tracker
+
+    tracker.adopt("/shml_probe_of_this_test", "semaphore")  # kept here only: the tracker is not told
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it keeps, and leave without running the parent's exit code
+            os.write(w, repr(sorted(tracker._own())).encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            said = f.read()
+        os.waitpid(pid, 0)
+    finally:
+        tracker._own().pop("/shml_probe_of_this_test", None)
+    assert said == "[]"

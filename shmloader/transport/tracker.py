@@ -73,10 +73,11 @@ def adopt(name: str, rtype: str) -> None:
 
 def forget(name: str) -> None:
     """``name`` is about to be unregistered by CPython (a semaphore's finalizer): keep it no longer,
-    and make sure the tracker it will write to lives. Never raises (it runs from finalizers)."""
+    and make sure the tracker it will write to lives. Nothing for a name this process does not keep
+    (a finalizer inherited through fork). Never raises (it runs from finalizers)."""
     with contextlib.suppress(Exception), _lock, _sigpipe_held():
-        _own().pop(name, None)
-        _sync()
+        if _own().pop(name, None) is not None:
+            _sync()
 
 
 def _own() -> dict[str, str]:
