@@ -110,12 +110,13 @@ ORPHAN = textwrap.dedent("""
     r, w = os.pipe()
     server = os.fork()  # stands for the fork server: a child of the main process
     if server == 0:
+        server_pid = os.getpid()
         worker = os.fork()
         if worker == 0:
             os.close(r)
             if sys.argv[1] == "orphaned":  # its fork server died before the worker asked for its death signal
                 deadline = time.monotonic() + 20
-                while os.getppid() == server and time.monotonic() < deadline:
+                while os.getppid() == server_pid and time.monotonic() < deadline:
                     time.sleep(0.01)  # the kernel reparents it once the server has exited
             lineage.watch_parent(main, True)
             os.write(w, b"went on")

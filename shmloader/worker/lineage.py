@@ -87,8 +87,8 @@ def watch_parent(main_pid: int, death_signal: bool) -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-        parent = os.getppid()
-        if parent != main_pid and _parent_of(parent) not in (main_pid, None):
+        parent = os.getppid()  # 0: reparented to a process outside our pid namespace
+        if parent != main_pid and (parent == 0 or _parent_of(parent) not in (main_pid, None)):
             os._exit(0)
     if not alive(main_pid):
         os._exit(0)
