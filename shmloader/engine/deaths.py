@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.engine import faults
+from shmloader.engine import exits, faults
 from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle
@@ -85,10 +85,12 @@ class RecoverDeaths:
         fails = self._start_failures[w.id] = faults.count_start_failure(self._start_failures.get(w.id, 0),
                                                                          starting=starting, exitcode=exitcode)
         lost_position = self._loses_position(w, before_epoch)
+        server = w.fork_server if exitcode == faults.FORK_SERVER_LOST_EXIT and exits.fork_server_gone(w.fork_server) else 0
         self._fault = faults.death_error(self._policy, self._streak, restarts=self._restarts, iterable=lost_position,
                                          starting=starting, worker_id=w.id, pid=w.pid, exitcode=exitcode, tasks=tasks,
                                          shm_dir=self._ring.shm_dir, start_failures=fails,
-                                         start_method=self._plan.context.get_start_method(), cause=cause)
+                                         start_method=self._plan.context.get_start_method(), cause=cause,
+                                         fork_server=server)
         if self._fault is None:
             self._restart(w)
 

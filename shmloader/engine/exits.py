@@ -95,6 +95,29 @@ def stopped(process: Any) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] == b"T"  # the state follows the name, which may hold ")"
 
 
+def fork_server() -> int:
+    """The pid of the fork server that started the worker just started under forkserver (0 if unknown)."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None) or 0
+
+
+def fork_server_gone(pid: int) -> bool:
+    """Whether the fork server ``pid`` (a child of this process, which only CPython reaps) has died:
+    no such process, a zombie, or no longer our child. Under forkserver a worker's exit status comes
+    from its fork server: once that is gone, multiprocessing reports exit code 255 for each of its
+    workers, whatever became of them (they die with it: ``PR_SET_PDEATHSIG``)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[0] == b"Z" or fields[1] != str(os.getpid()).encode()
+
+
 def close(pidfd: int) -> None:
     if pidfd >= 0:
         os.close(pidfd)

@@ -99,7 +99,8 @@ def count_start_failure(previous: int, *, starting: bool, exitcode: int | None) 
 
 def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable: bool, starting: bool,
                 worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
-                start_failures: int = 0, start_method: str = "fork", cause: str | None = None) -> BaseException | None:
+                start_failures: int = 0, start_method: str = "fork", cause: str | None = None,
+                fork_server: int = 0) -> BaseException | None:
     """The error a death becomes, or None when the worker is to be replaced and its tasks re-sent.
 
     ``restarts`` counts this epoch's deaths, this one included; ``streak`` is :func:`after_death`'s
@@ -108,14 +109,15 @@ def death_error(policy: FaultPolicy, streak: Streak, *, restarts: int, iterable:
     exited by itself while starting on two attempts in a row will not start on a third (a missing
     main guard under spawn, an import error, a dataset that cannot be unpickled): it is reported
     at once, without suggesting a restart. ``cause``: the loader's own words for a worker it killed
-    (:func:`hang_cause`), None for a death it did not cause.
+    (:func:`hang_cause`), None for a death it did not cause. ``fork_server``: the pid of the fork
+    server that started the worker when it died and took the worker's exit status with it, else 0.
     """
     if start_failures >= START_ATTEMPTS:
         return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=True,
                     start_method=start_method, attempts=start_failures)
     if not policy.restart or iterable:
         return died(worker_id, pid, exitcode, tasks, shm_dir, iterable=iterable, starting=starting,
-                    start_method=start_method)
+                    start_method=start_method, fork_server=fork_server)
     if restarts > policy.max_restarts:
         return budget_spent(worker_id, pid, exitcode, tasks, policy.max_restarts, starting=starting, cause=cause)
     if starting or streak.key is None or len(streak.deaths) < policy.max_task_attempts:
@@ -193,16 +195,18 @@ def torch_words(pid: int | None, exitcode: int | None) -> str:
 
 def died(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, shm_dir: str,
          *, iterable: bool = False, starting: bool = False, start_method: str = "fork",
-         attempts: int = 1) -> WorkerDied:
+         attempts: int = 1, fork_server: int = 0) -> WorkerDied:
     """torch's "DataLoader worker ... exited unexpectedly", with worker, pid, cause and tasks.
 
     ``tasks`` is in the worker's order: the first is the one it was running. A worker that died
     while starting is never advised to be restarted: a restart starts it the same way again.
+    ``fork_server``: as :func:`death_error`'s; the exit code is then multiprocessing's stand-in.
     """
+    head = torch_words(pid, exitcode) if not fork_server else _lost_with_fork_server(pid, fork_server)
     lines = [
-        f"{torch_words(pid, exitcode)}. Worker {worker_id} died {_held(tasks, starting)}"
+        f"{head}. Worker {worker_id} died {_held(tasks, starting)}"
         + (f", on each of {attempts} attempts in a row." if attempts > 1 else "."),
-        *hints(shm_dir, exitcode),
+        *hints(shm_dir, exitcode if not fork_server else None),
     ]
     if starting:
         lines += _start_advice(start_method, exitcode)
@@ -213,6 +217,17 @@ def died(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks, sh
         lines.append("To replace dead workers and re-run their tasks, pass on_worker_death='restart' "
                      "(or set SHMLOADER_ON_WORKER_DEATH=restart).")
     return WorkerDied("\n".join(lines), worker_id=worker_id, pid=pid, exitcode=exitcode, tasks=_attr(tasks))
+
+
+FORK_SERVER_LOST_EXIT = 255  # multiprocessing's exit code for a forkserver worker whose fork server is gone
+
+
+def _lost_with_fork_server(pid: int | None, server: int) -> str:
+    """torch's first words for a death whose exit status died with the fork server that started it."""
+    return (f"DataLoader worker (pid {pid}) exited unexpectedly; its exit status is unknown: the fork server "
+            f"(pid {server}) that started it is gone (killed from outside?), and its workers die with it "
+            f"(under the 'forkserver' start method a worker's exit status comes from its fork server: "
+            f"multiprocessing reports exit code {FORK_SERVER_LOST_EXIT})")
 
 
 def _start_advice(start_method: str, exitcode: int | None) -> list[str]:

@@ -119,6 +119,9 @@ class WorkerHandle:
     pidfd: int = -1
     # Set when the main process stops this worker (shutdown, a reap): it then starts no task (worker/stop.py)
     stop: StopFlag | None = None
+    # Under forkserver, the pid of the fork server that started it (0 otherwise): its exit status dies
+    # with that server (exits.fork_server_gone), and a death is then reported as unknown
+    fork_server: int = 0
 
     def __post_init__(self) -> None:
         self.replies = wire.FrameReader(self.results.fileno())
@@ -269,6 +272,8 @@ class WorkerPool:
             self._launch(process)
             if not self._forkserver:  # see engine/exits.py
                 handle.pidfd = exits.open_pidfd(process)
+            else:
+                handle.fork_server = exits.fork_server()
             self._place(handle)  # from here shutdown() stops it, whatever is raised next
         except BaseException:
             close_pipes(task_r, res_w)

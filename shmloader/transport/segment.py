@@ -20,7 +20,8 @@ attach. Promises:
   ``multiprocessing.shared_memory`` does, at most ``CREATE_ATTEMPTS`` times; then
   :class:`~shmloader.errors.SegmentCollision` says where, which name, how many attempts.
 - A segment created in the default shm directory is registered with the resource tracker, so a
-  SIGKILLed trainer leaves no entry behind; ``unlink`` unregisters it.
+  SIGKILLed trainer leaves no entry behind; ``unlink`` unregisters it. Both go through
+  ``tracker.py``, which outlives a tracker killed from outside.
 - ``attach`` never registers (Python 3.11's tracker would unlink segments a worker merely used)
   and takes no lock.
 - ``close`` unmaps unless views still point into the mapping; then the mapping lives until the
@@ -69,6 +70,7 @@ from collections.abc import Iterator
 
 from shmloader.errors import SegmentCollision
 from shmloader.log import logger
+from shmloader.transport import tracker
 
 PREFIX = "shml_"
 DEFAULT_SHM_DIR = "/dev/shm"
@@ -387,12 +389,8 @@ def _discard(path: str, fd: int) -> None:
 
 
 def _register(name: str) -> None:
-    from multiprocessing import resource_tracker
-
-    resource_tracker.register("/" + name, "shared_memory")
+    tracker.register("/" + name, "shared_memory")
 
 
 def _unregister(name: str) -> None:
-    from multiprocessing import resource_tracker
-
-    resource_tracker.unregister("/" + name, "shared_memory")
+    tracker.unregister("/" + name, "shared_memory")

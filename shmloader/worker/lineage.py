@@ -28,7 +28,32 @@ def start(worker_id: int, parent_pid: int, death_signal: bool) -> None:
     global _worker
     _worker = (worker_id, os.getpid())
     own_signals()
+    release_fork_server()
     watch_parent(parent_pid, death_signal)
+
+
+def release_fork_server() -> None:
+    """Close this worker's copy of the fork server's "alive" pipe, so that the fork server ends
+    with the main process and this worker with it.
+
+    The fork server exits once every holder of that pipe's write end has exited, and CPython hands
+    a copy to each process it forks (and a forked worker inherits the main process's). A worker
+    inside a long sample holds it, and the worker dies only with the fork server (the death signal)
+    or when its poll sees the main process gone, between tasks: a trainer killed under forkserver
+    (SIGTERM at its default action, SIGKILL) left its busy workers, their fork server and, through
+    them, the resource tracker and the trainer's segments for as long as the sample took, for good
+    with a hung one (tests/test_main_sigterm.py). Nothing of the worker needs it: a worker is a
+    daemonic process, which multiprocessing lets start no process of its own."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    server._forkserver_alive_fd = None  # type: ignore[union-attr]
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def own_signals() -> None:
@@ -50,6 +75,11 @@ def watch_parent(main_pid: int, death_signal: bool) -> None:
     thread ended (an epoch run in a thread, then the next in the main one). So the caller asks
     for it only where that thread lasts as long as its process: the main thread, or the fork
     server's, which exits when the main process dies.
+
+    The death signal covers a parent that dies after it is asked for, not before: a fork server
+    killed while this worker started (tests/test_forkserver_faults.py) left it reparented and
+    running, after the main process had seen it dead and shut down. So once it is asked for, the
+    parent must still be the main process or a child of it (the fork server); else exit now.
     """
     if death_signal and sys.platform.startswith("linux"):
         try:
@@ -57,8 +87,21 @@ def watch_parent(main_pid: int, death_signal: bool) -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+        parent = os.getppid()  # 0: reparented to a process outside our pid namespace
+        if parent != main_pid and (parent == 0 or _parent_of(parent) not in (main_pid, None)):
+            os._exit(0)
     if not alive(main_pid):
         os._exit(0)
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (``/proc/<pid>/stat``), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def alive(pid: int) -> bool:

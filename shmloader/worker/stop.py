@@ -17,9 +17,11 @@ The worker's read takes the flag: it returns True once, and the worker exits on 
 
 from __future__ import annotations
 
-from multiprocessing import resource_tracker
+import weakref
 from multiprocessing.context import BaseContext
 from typing import Any, Callable
+
+from shmloader.transport import tracker
 
 
 class StopFlag:
@@ -27,12 +29,20 @@ class StopFlag:
     (inherited under fork, pickled with the process under spawn and forkserver)."""
 
     def __init__(self, ctx: BaseContext) -> None:
-        if ctx.get_start_method() != "fork":
+        named = ctx.get_start_method() != "fork"
+        if named:
             # the semaphore's name stays in /dev/shm until freed, registered with the resource
             # tracker after it is made: a tracker that cannot start then (out of descriptors) left
-            # the name there for good (tests/test_iter_fd_limit.py). Started first, it fails first.
-            resource_tracker.ensure_running()
+            # the name there for good (tests/test_iter_fd_limit.py). Started first, it fails first
+            # (and a dead one is replaced before CPython writes to it: transport/tracker.py).
+            tracker.ensure_running()
         self._sem: Any = ctx.Semaphore(0)
+        name = getattr(getattr(self._sem, "_semlock", None), "name", None) if named else None
+        if name is not None:  # CPython registered it and unregisters it when freed: a new tracker must know it
+            tracker.adopt(name, "semaphore")
+            # made after CPython's finalizer of the semaphore, so run before it (weakref callbacks
+            # run newest first): the tracker it then writes to lives
+            weakref.finalize(self._sem, tracker.forget, name)
         self._set = False  # in the main process: set once, however many paths stop the worker
 
     def set(self) -> None:
