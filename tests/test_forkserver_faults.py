@@ -145,3 +145,55 @@ def test_a_worker_whose_fork_server_died_before_it_watched_exits(case: str, expe
     proc = subprocess.run([sys.executable, "-c", ORPHAN, case], capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == expected, proc.stdout + proc.stderr[-2000:]
+
+
+FORKED_CHILD = textwrap.dedent("""
+    import multiprocessing as mp, os, sys
+    import numpy as np
+    import shmloader
+
+    def noop():
+        pass
+
+    if __name__ == "__main__":
+        first = mp.get_context("forkserver").Process(target=noop)
+        first.start(); first.join()  # this process starts the fork server
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                data = [np.full(3, i) for i in range(8)]
+                loader = shmloader.DataLoader(data, batch_size=2, num_workers=2, multiprocessing_context="forkserver")
+                got = [int(r) for b in loader for r in b[:, 0]]
+                loader.close()
+                print("child", got, flush=True)
+                code = 0 if got == list(range(8)) else 1
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush(); sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        loader = shmloader.DataLoader([np.full(3, i) for i in range(4)], batch_size=2, num_workers=1,
+                                      multiprocessing_context="forkserver")
+        print("parent", [int(r) for b in loader for r in b[:, 0]], flush=True)
+        loader.close()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_process_forked_from_the_fork_servers_starter_gets_a_fork_server_of_its_own(tmp_path) -> None:
+    """multiprocessing's fork server belongs to the process that started it: in a process forked
+    from that one, CPython's start raised ``ChildProcessError: [Errno 10] No child processes`` from
+    deep inside (it waits on the parent's server as if its own), so no forkserver loader could start
+    there (torch's neither). The loader now forgets the parent's server there, and a new one, the
+    child's own, starts its workers; the parent's server keeps serving the parent."""
+    script = tmp_path / "forked_child.py"
+    script.write_text(FORKED_CHILD)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100)
+    out = proc.stdout + proc.stderr
+    assert "child [0, 1, 2, 3, 4, 5, 6, 7]" in proc.stdout, out
+    assert "child exit 0" in proc.stdout and "parent [0, 1, 2, 3]" in proc.stdout, out
+    assert "ChildProcessError" not in out and "Traceback" not in out, out

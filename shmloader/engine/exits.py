@@ -28,10 +28,13 @@ worker exited (``exited``), and a signal sent through it reaches no other proces
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 from typing import Any
+
+from shmloader import procstat
 
 _pidfd_open = getattr(os, "pidfd_open", None)
 
@@ -87,12 +90,7 @@ def stopped(process: Any) -> bool:
     ``/proc/<pid>/stat``), and so can act on nothing until continued; False where that cannot be
     read (another OS, the process gone). Read only while the worker has not been joined, so its
     pid is still its own."""
-    try:
-        with open(f"/proc/{process.pid}/stat", "rb") as f:
-            stat = f.read()
-    except (OSError, TypeError):
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] == b"T"  # the state follows the name, which may hold ")"
+    return process.pid is not None and procstat.state_of(process.pid) == b"T"
 
 
 def fork_server() -> int:
@@ -109,13 +107,34 @@ def fork_server_gone(pid: int) -> bool:
     workers, whatever became of them (they die with it: ``PR_SET_PDEATHSIG``)."""
     if pid <= 0:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return fields[0] == b"Z" or fields[1] != str(os.getpid()).encode()
+    return procstat.state_of(pid) in (None, b"Z") or procstat.parent_of(pid) != os.getpid()
+
+
+def own_fork_server() -> None:
+    """Before a start under forkserver: forget multiprocessing's fork server if another process
+    started it. A process forked from the one that started it inherits its record (pid, socket,
+    "alive" pipe), and CPython's next start waits on that pid as if it were its child: it raised
+    ``ChildProcessError`` from deep inside, so no forkserver loader could start there. Forgotten
+    (our copy of its "alive" pipe closed: the parent's server ends with the parent), the start
+    makes a fork server of this process's own. Nothing where the server is ours, alive or not
+    (CPython reaps and replaces a dead one of ours itself)."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver  # its record is private to CPython: read as it stands in 3.10-3.13
+    with server._lock:
+        pid = server._forkserver_pid
+        if pid is None:
+            return
+        try:  # the test CPython's start makes, without reaping: a child of ours, dead or alive, is ours
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return
+        except ChildProcessError:
+            pass
+        alive_fd = server._forkserver_alive_fd
+        server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+        if alive_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(alive_fd)
 
 
 def close(pidfd: int) -> None:

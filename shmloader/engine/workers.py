@@ -321,6 +321,8 @@ class WorkerPool:
         check ``ProcessOwner.here`` and do nothing in a forked child.
         """
         if not self._fork:
+            if self._forkserver:
+                exits.own_fork_server()  # a fork server another process started serves no start of ours
             process.start()
             return
         with owner.our_fork():

@@ -17,6 +17,7 @@ import signal
 import sys
 from typing import Any
 
+from shmloader import procstat
 from shmloader.transport.messages import Failed
 
 PARENT_CHECK_S = 0.5
@@ -88,20 +89,10 @@ def watch_parent(main_pid: int, death_signal: bool) -> None:
         except (OSError, AttributeError):
             pass
         parent = os.getppid()  # 0: reparented to a process outside our pid namespace
-        if parent != main_pid and (parent == 0 or _parent_of(parent) not in (main_pid, None)):
+        if parent != main_pid and (parent == 0 or procstat.parent_of(parent) not in (main_pid, None)):
             os._exit(0)
     if not alive(main_pid):
         os._exit(0)
-
-
-def _parent_of(pid: int) -> int | None:
-    """The parent pid of ``pid`` (``/proc/<pid>/stat``), None where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def alive(pid: int) -> bool:
