@@ -83,16 +83,20 @@ class EpochBook:
             objects = _state.object_states(self._loader)
             random = snapshot(self._loader)
             sampler_iter = iter(index_sampler)
+            used = _moved(random.torch_global)  # iter(sampler) drew from torch's global RNG
             base_seed, drawn = self._base_seed(resume, reuse_seed)
             first = None if resume is None or resume.torch_first is None else torch_bytes(resume.torch_first)
             record = _state.new_record(self._loader, self, base_seed, objects,
-                                       replace(random, seed_drawn=drawn, torch_first=first), resume)
+                                       replace(random, seed_drawn=drawn, torch_first=first, torch_used=used), resume)
             if not iterable and not draw_at_iter:
                 sampler_iter = FirstDraw(sampler_iter, record, resume)
             elif not iterable:  # a state saved without workers keeps what its first next() drew under
                 left = _torch_rng()
                 with global_rng(first):
+                    before = _torch_rng()
                     sampler_iter = _state.peeked(sampler_iter)
+                    if _moved(before):  # the sampler's first item drew from it
+                        record.random = replace(record.random, torch_used=True)
                 drew = (left, _torch_rng()) if resume is not None and first is None else None
         if drew is not None:
             _advance_if_at(*drew)
@@ -167,7 +171,7 @@ class FirstDraw:
         saved = self._record.random.torch_first
         if self._resuming:
             with global_rng(left if saved is None else saved):
-                item = next(self._it)
+                item = self._drawn_first(torch.get_rng_state())
                 after = torch.get_rng_state()
             if saved is None:
                 _advance_if_at(left, after)
@@ -175,13 +179,26 @@ class FirstDraw:
         now = torch.get_rng_state()
         if not torch.equal(now, left):
             self._record.random = replace(self._record.random, torch_first=now)
-        return next(self._it)
+        return self._drawn_first(now)
+
+    def _drawn_first(self, before: Any) -> Any:
+        """The sampler's first item; the record notes when it drew from torch's global RNG."""
+        item = next(self._it)
+        if _moved(before):
+            self._record.random = replace(self._record.random, torch_used=True)
+        return item
 
 
 def _torch_rng() -> Any:
     """torch's global RNG state now; None when torch is not imported."""
     torch = sys.modules.get("torch")
     return None if torch is None else torch.get_rng_state()
+
+
+def _moved(before: Any) -> bool:
+    """Whether torch's global RNG is no longer at ``before`` (None: torch was not imported then)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and before is not None and not torch.equal(torch.get_rng_state(), before)
 
 
 def _advance_if_at(before: Any, after: Any) -> None:

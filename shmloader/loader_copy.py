@@ -7,6 +7,8 @@ copied (``mp.spawn`` and Lightning's ``ddp_spawn`` pickle the loaders they are h
 - the copy carries the options, dataset, samplers, generator (in its current state), collate_fn,
   the epoch bookkeeping (epochs started, the latest epoch's record, a loaded resume) and the
   plugins passed to the constructor, so it iterates the batches the original would;
+- the bookkeeping is the copy's own, ``copy.copy`` included: its ``state_dict()`` is the
+  original's position when it was copied, and neither loader's iteration moves the other's;
 - it never carries an iterator, worker, ring or plugin manager: the copy makes its own, as a new
   loader does (built-in and entry-point plugins registered again, stats from zero);
 - a loader that holds its persistent iterator (``persistent_workers=True`` after ``iter()``, mid-epoch
@@ -52,7 +54,9 @@ def carried_state(loader: Any, shallow: bool = False) -> dict[str, Any]:
     state = {k: carried if v is users else v for k, v in loader.__dict__.items() if k not in MACHINERY}
     state["_explicit"] = {k: carried if v is users else v for k, v in loader._explicit.items()}
     book = loader._book
-    state[_BOOK] = (book.epoch_count, book.record, book.resume)
+    # a shallow copy gets its own record too: sharing it, its state_dict() would follow the original's epoch
+    record = copy.deepcopy(book.record) if shallow else book.record
+    state[_BOOK] = (book.epoch_count, record, book.resume)
     return state
 
 

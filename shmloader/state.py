@@ -269,6 +269,8 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     check(loader, state)
     delivered = TaskSet.from_ranges(state["delivered"])
     random = state["random"]  # check() imported torch already where its generators made the order
+    # without torch (check() found the order did not come from it) there is no global RNG to borrow
+    borrow = sys.modules.get("torch") is not None
     restore_sources(loader, state)
     loader.close()  # persistent workers restart with the restored dataset
     book = loader._book
@@ -276,9 +278,9 @@ def load(loader: Any, state: Mapping[str, Any]) -> None:
     if state["in_progress"] or state["base_seed"] is not None:  # mid-epoch, or a seed to reuse
         torch_global, torch_first = random.get("torch_global"), random.get("torch_global_first_batch")
         book.resume = Resume(state["epoch"], state["base_seed"], delivered, state["yielded"],
-                             None if torch_global is None else base64.b64decode(torch_global),
+                             None if torch_global is None or not borrow else base64.b64decode(torch_global),
                              random.get("base_seed_drawn", False),
-                             None if torch_first is None else base64.b64decode(torch_first),
+                             None if torch_first is None or not borrow else base64.b64decode(torch_first),
                              json.loads(json.dumps(dict(state))))
 
 

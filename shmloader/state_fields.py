@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -105,25 +106,43 @@ def _check_random(random: Any) -> None:
         _expect(ok, "random.sources", entry, "entries of 'paths', 'kind' (torch or numpy) and 'state'")
         name = f"random.sources ({', '.join(entry['paths'])})"
         if entry["kind"] == "torch":
-            _torch_state(entry["state"], name)
+            _torch_state(entry["state"], name, _import_torch(f"{name} is a torch generator's state"))
         else:
             numpy_state(entry["state"], name)
-    if random["torch_global"] is not None:
-        _torch_state(random["torch_global"], "random.torch_global")
-    if random.get("torch_global_first_batch") is not None:  # absent in states saved before it was kept
-        _torch_state(random["torch_global_first_batch"], "random.torch_global_first_batch")
     drawn = random.get("base_seed_drawn", False)  # absent in states saved before it was recorded
     _expect(type(drawn) is bool, "random.base_seed_drawn", drawn, "true or false")
+    used = random.get("torch_global_used")  # absent (None) in states saved before it was recorded
+    _expect(used is None or type(used) is bool, "random.torch_global_used", used, "true or false")
+    names = [n for n in ("torch_global", "torch_global_first_batch") if random.get(n) is not None]  # the latter
+    torch = _torch_for_global(used) if names else None  # absent in states saved before it was kept
+    for name in names:
+        _torch_state(random[name], f"random.{name}", torch)
 
 
-def _torch_state(encoded: Any, name: str) -> None:
-    """A torch CPU generator state, base64: it must decode and be one torch can set."""
+def _torch_for_global(used: bool | None) -> Any:
+    """torch, to check and borrow the saved global RNG where the epoch's order was drawn from it
+    (``used``; None: a state that does not say) or where torch is imported already; else None:
+    the saved global RNG is not needed, and loading neither imports torch nor needs it."""
+    if used is False:
+        return sys.modules.get("torch")
+    if used is None:
+        why = ("the state does not say whether this epoch's order was drawn from torch's global RNG (it was saved "
+               "before shmloader recorded random.torch_global_used), and torch was imported where it was saved")
+    else:
+        why = ("this epoch's order was drawn from torch's global RNG (a sampler with generator=None, torch "
+               "imported), which random.torch_global holds")
+    return _import_torch(why)
+
+
+def _torch_state(encoded: Any, name: str, torch: Any) -> None:
+    """A torch CPU generator state, base64: it must decode and (with ``torch``) be one torch can set."""
     try:
         raw = base64.b64decode(encoded, validate=True)
     except (binascii.Error, TypeError, ValueError):
         raise StateError(f"the state's {name} is not a base64 torch generator state: {encoded!r:.80}",
                          encoded, None) from None
-    torch = _import_torch()
+    if torch is None:  # not needed here: the order did not come from it, and torch is not imported
+        return
     try:
         torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
     except (RuntimeError, ValueError) as exc:
@@ -149,11 +168,12 @@ def _expect(ok: bool, name: str, value: Any, what: str) -> None:
         raise StateError(f"the state's {name} must be {what}; got {value!r:.120}", value, what)
 
 
-def _import_torch() -> Any:
-    """torch, which drew the order in the saving process, so it must draw it here too."""
+def _import_torch(why: str) -> Any:
+    """torch, which drew the order in the saving process (``why`` says how), so it must draw it here too."""
     try:
         import torch
     except ImportError as exc:
-        raise StateError("the state was saved while torch's random generators made the order, but torch is "
-                         "not installed here") from exc
+        raise StateError(f"cannot load this state: {why}, so only torch can re-create the order, but torch cannot "
+                         f"be imported here ({type(exc).__name__}: {exc}); load it where torch is installed", why,
+                         None) from exc
     return torch

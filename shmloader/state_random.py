@@ -34,17 +34,21 @@ class Snapshot:
     starts, before ``iter(sampler)``; ``seed_drawn``: the epoch then drew its base seed from them
     (False when it reused one), so a resume replays that draw too; ``torch_first``: with
     ``num_workers=0``, torch's global RNG state at the first ``next()`` when something drew from
-    it after ``iter()`` (None otherwise), since the sampler's first draw is made there."""
+    it after ``iter()`` (None otherwise), since the sampler's first draw is made there;
+    ``torch_used``: the epoch's order drew from torch's global RNG (``iter(sampler)`` or the
+    sampler's first item changed it), so only torch can re-create it."""
 
     sources: Sources
     torch_global: Any
     seed_drawn: bool = False
     torch_first: Any = None
+    torch_used: bool = False
 
     def encoded(self) -> dict[str, Any]:
         """As the state's ``random`` field (plain, JSON-serialisable)."""
         return {**encode_random(self.sources, self.torch_global), "base_seed_drawn": self.seed_drawn,
-                "torch_global_first_batch": None if self.torch_first is None else _b64(self.torch_first)}
+                "torch_global_first_batch": None if self.torch_first is None else _b64(self.torch_first),
+                "torch_global_used": self.torch_used}
 
 
 def snapshot(loader: Any) -> Snapshot:
