@@ -11,11 +11,10 @@ error is left as it is (None), and an error already explained is not explained t
 
 from __future__ import annotations
 
-import contextlib
 import errno
-from collections.abc import Iterator
 
 from shmloader.errors import LoaderError
+from shmloader.rewording import Rewording
 from shmloader.rlimits import LimitName, soft_limit
 
 __all__ = ["explain", "limits_named"]
@@ -27,25 +26,21 @@ _LIMITS: dict[int, LimitName] = {  # errno -> the resource limit it most likely 
 }
 
 
-@contextlib.contextmanager
-def limits_named(num_workers: int, worker_id: int | None = None) -> Iterator[None]:
+class limits_named(Rewording):
     """Out of descriptors or processes while starting ``worker_id`` (None: the iterator itself,
-    descriptors only): the error names the limit and ``num_workers``; any other goes on as it is."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.__cause__ is not None or isinstance(exc, LoaderError):  # explained where it was raised
-            raise
-        explained = explain(exc, worker_id, num_workers)
-        if explained is None:
-            raise
-        try:
-            raise explained from exc
-        finally:
-            # else its traceback holds this frame, which holds it: a cycle that only the collector
-            # frees, and with it the frames of the failed start (a spawn worker's stop-flag
-            # semaphore, its name in /dev/shm: tests/test_iter_fd_limit.py)
-            del explained
+    descriptors only): the error names the limit and ``num_workers``; any other goes on as it is.
+    A class, not a generator: see ``shmloader.rewording``."""
+
+    __slots__ = ("num_workers", "worker_id")
+
+    def __init__(self, num_workers: int, worker_id: int | None = None) -> None:
+        self.num_workers = num_workers
+        self.worker_id = worker_id
+
+    def reworded(self, exc: BaseException) -> OSError | None:
+        if not isinstance(exc, OSError) or exc.__cause__ is not None or isinstance(exc, LoaderError):
+            return None  # not ours to word, or explained where it was raised
+        return explain(exc, self.worker_id, self.num_workers)
 
 
 def explain(exc: OSError, worker_id: int | None, num_workers: int) -> OSError | None:

@@ -11,12 +11,11 @@ one place that reads a directory's free space (tests and the stress script patch
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-from collections.abc import Iterator
 
 from shmloader.errors import ShmSpaceError, TooManyOpenFiles
+from shmloader.rewording import Rewording
 from shmloader.rlimits import soft_limit
 
 
@@ -54,36 +53,44 @@ def space_error(directory: str, needed_bytes: int, free_bytes: int, what: str) -
 _DIRECTORY_ERRNOS = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
 
 
-@contextlib.contextmanager
-def explain_enospc(shm_dir: str, nbytes: int) -> Iterator[None]:
+class explain_enospc(Rewording):
     """Turn running out of space while creating a ``nbytes`` segment into a ShmSpaceError, and a
     directory where no segment can be made (missing, read-only, not ours to write, not a file
     system that takes them) into the same OSError naming the setting that chose it.
 
-    Use around ``Segment.create``; any other OSError passes through unchanged.
+    Use around ``Segment.create``; any other OSError passes through unchanged. A class, not a
+    generator: see ``shmloader.rewording``.
     """
-    try:
-        yield
-    except OSError as exc:
+
+    __slots__ = ("nbytes", "shm_dir")
+
+    def __init__(self, shm_dir: str, nbytes: int) -> None:
+        self.shm_dir = shm_dir
+        self.nbytes = nbytes
+
+    def reworded(self, exc: BaseException) -> OSError | ShmSpaceError | None:
+        if not isinstance(exc, OSError):
+            return None
+        shm_dir, nbytes = self.shm_dir, self.nbytes
         if exc.errno in _DIRECTORY_ERRNOS:
-            raise type(exc)(exc.errno, f"cannot create a shared-memory segment in {shm_dir} ({exc.strerror}): "
-                            "that directory is set by SHMLOADER_SHM_DIR or shm_dir= (default /dev/shm) and must "
-                            "be a writable tmpfs", exc.filename) from exc
+            return type(exc)(exc.errno, f"cannot create a shared-memory segment in {shm_dir} ({exc.strerror}): "
+                             "that directory is set by SHMLOADER_SHM_DIR or shm_dir= (default /dev/shm) and must "
+                             "be a writable tmpfs", exc.filename)
         if exc.errno in (errno.EMFILE, errno.ENFILE):
-            raise _descriptors_error(exc, shm_dir) from exc
+            return _descriptors_error(exc, shm_dir)
         if exc.errno == errno.EFBIG:
-            raise _file_size_error(exc, shm_dir, nbytes) from exc
+            return _file_size_error(exc, shm_dir, nbytes)
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
-            raise
+            return None
         free = -1 if (free_bytes := shm_free_bytes(shm_dir)) is None else free_bytes
         what = f"a new shared-memory segment of {nbytes} bytes ({exc.strerror})"
         if shm_free_files(shm_dir) == 0:  # out of files, not bytes: saying "needs N, has more" would puzzle
-            raise ShmSpaceError(
+            return ShmSpaceError(
                 f"{what} could not be made: {shm_dir} has no free inodes (one per segment) though {free} bytes "
                 "are free. Hold fewer batches at once (copy what you keep, e.g. batch.copy()), give the "
                 "directory more inodes (tmpfs: mount -o remount,nr_inodes=...), or point SHMLOADER_SHM_DIR "
-                "(shm_dir=) at another directory.", needed_bytes=nbytes, free_bytes=free, directory=shm_dir) from exc
-        raise space_error(shm_dir, nbytes, free, what) from exc
+                "(shm_dir=) at another directory.", needed_bytes=nbytes, free_bytes=free, directory=shm_dir)
+        return space_error(shm_dir, nbytes, free, what)
 
 
 def held_space_error(exc: ShmSpaceError, slots: int, held: int) -> ShmSpaceError:
