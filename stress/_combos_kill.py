@@ -3,16 +3,21 @@ killer that signals one of them through a pidfd.
 
 Runs in the script's main process (the killer's delayed sends from a thread of it). Promises: a
 signal goes only to a process that was one of our workers when it was picked, through a pidfd, so a
-reused pid is never signalled; every signal sent is counted by its name.
+reused pid is never signalled; every signal sent is counted by its name. ``kill_helper`` SIGKILLs one of
+multiprocessing's helper processes instead (the resource tracker, or the fork server), as an OOM
+killer or a job script's ``pkill`` may, and returns once it has died; the loader must go on.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import threading
 from collections import Counter
+from multiprocessing import forkserver, resource_tracker
+from typing import Any
 
 import psutil
 
@@ -83,3 +88,52 @@ class Killer:
         if self.thread is not None:
             self.thread.join(10)
             self.thread = None
+
+
+def kill_helper(pick: random.Random, fork_server: bool) -> tuple[str, int] | None:
+    """SIGKILL the resource tracker or (``fork_server``: the life's method is forkserver, one of two)
+    the fork server, if it runs now; return its name and pid once it (and, for the fork server, each
+    worker it had started, which dies with it) has died. It is left unreaped:
+    CPython reaps it as it next starts one (``helper_zombies`` says which zombies those are)."""
+    server: Any = forkserver._forkserver  # its record is private to CPython
+    pids = {"resource tracker": getattr(resource_tracker._resource_tracker, "_pid", None)}
+    if fork_server:
+        pids["fork server"] = server._forkserver_pid
+    name = pick.choice(sorted(pids))
+    pid = pids[name]
+    if pid is None:
+        return None
+    fds = []
+    try:
+        fds.append(os.pidfd_open(pid))
+        for child in psutil.Process(pid).children():  # the fork server's workers: they die with it
+            try:
+                fds.append(os.pidfd_open(child.pid))
+            except ProcessLookupError:
+                continue
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        pass
+    if not fds:
+        return None
+    try:
+        signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+        for fd in fds:
+            select.select([fd], [], [], 30)  # readable once it has died
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return name, pid
+
+
+def helper_zombies(killed: set[int]) -> set[int]:
+    """Those of the helpers ``killed`` that are still our unreaped children (zombies): CPython reaps a
+    dead tracker or fork server only as it next starts one, so a life that starts none after the kill
+    leaves it so; they are no leftover of the loader's."""
+    zombies = set()
+    for pid in killed:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                zombies.add(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return zombies

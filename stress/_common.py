@@ -13,6 +13,7 @@ import ctypes
 import faulthandler
 import multiprocessing
 import os
+import random
 import signal
 import sys
 import threading
@@ -59,7 +60,7 @@ class FaultingDataset:
         return sample(i)
 
 
-def first_time(marker_dir: str, key: int) -> bool:
+def first_time(marker_dir: str, key: int | str) -> bool:
     """True once per ``key`` across every process: the first caller makes its marker file."""
     try:
         fd = os.open(os.path.join(marker_dir, str(key)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -113,15 +114,40 @@ def plan_epoch(rng: np.random.Generator, n: int, batch_size: int, epoch: int,
     return batches, plain, planted
 
 
+class PlantedInitFailure(Exception):
+    """What ``FlakyInit`` raises: a ``worker_init_fn`` failure the script planted."""
+
+
+class FlakyInit:
+    """A ``worker_init_fn`` that raises ``PlantedInitFailure`` in about one worker start in ``every``
+    (each start draws on its own pid), leaving a marker file per failure so the script can count them."""
+
+    def __init__(self, every: int, seed: int, marker_dir: str) -> None:
+        self.every, self.seed, self.marker_dir = every, seed, marker_dir
+
+    def __call__(self, worker_id: int) -> None:
+        if random.Random(f"{self.seed}-{os.getpid()}").randrange(self.every):
+            return
+        first_time(self.marker_dir, f"init-{os.getpid()}")
+        raise PlantedInitFailure(f"planted worker_init_fn failure in worker {worker_id} (pid {os.getpid()})")
+
+
+def planted_init_failures(marker_dir: str) -> int:
+    return sum(name.startswith("init-") for name in os.listdir(marker_dir))
+
+
 def worker_pids() -> list[int]:
     return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
 
 
-def leftovers(shm_dir: str = "/dev/shm") -> list[str]:
+def leftovers(shm_dir: str = "/dev/shm", helpers: frozenset[int] = frozenset()) -> list[str]:
     """Child processes and segments of ours still present. Multiprocessing's resource tracker and
-    forkserver (started once, they live as long as this process) are not leftovers."""
+    forkserver (started once, they live as long as this process) are not leftovers, nor are the
+    ``helpers`` pids (such a helper the script killed, a zombie until CPython reaps it)."""
     found = []
     for p in psutil.Process().children(recursive=True):
+        if p.pid in helpers:
+            continue
         try:
             cmd = " ".join(p.cmdline())
             ours = "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == os.getpid())

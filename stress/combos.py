@@ -13,7 +13,9 @@ amid small ones), so slots grow and then follow the batches down. Faults, all un
   epoch's reset (sent from a thread a few milliseconds around ``iter(loader)``);
 - iterable only: a worker killed in ``__iter__`` (before it reads its stream), in any epoch;
 - both: a kill of an idle worker between epochs, and one racing ``close()``; a pass left early
-  by a ``break`` before the epoch's full pass;
+  by a ``break`` before the epoch's full pass; with ``--helper-rate``, a SIGKILL of one of
+  multiprocessing's helpers (the resource tracker or, under forkserver, the fork server, which
+  takes its workers with it) between epochs and amid an epoch;
 - an epoch may be cut (``state_dict`` mid-epoch, ``close()``, a fresh loader with other options that
   ``load_state_dict``s it and finishes the epoch): the fresh loader keeps ``task_seeding`` and, for
   an iterable dataset, the worker count and ``in_order``, as a resume requires (docs/resume.md).
@@ -80,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-timeout", type=float, default=0.25)
     p.add_argument("--start-timeout", type=float, default=2.0,
                    help="deadline of a worker's start-up (the library's floor is 30 s; see kill_workers.py)")
+    p.add_argument("--helper-rate", type=float, default=0.0,
+                   help="chance per epoch of each of: a SIGKILL of the resource tracker or fork server "
+                        "between epochs, and one amid the epoch")
     p.add_argument("--verbose", action="store_true", help="a line per epoch: its options, time and kills")
     p.add_argument("--close-limit", type=float, default=20.0, help="seconds a close() may take")
     return p
@@ -104,6 +109,7 @@ class Run:
         self.held: deque[tuple[Any, int]] = deque()
         self.sum: Callable[[Any], int] = c.checksum  # the checksum of a batch, in this life
         self.ref: Any = None  # an extra life's reference loader
+        self.helpers: set[int] = set()  # pids of the helpers killed (zombies until CPython reaps them)
 
     def chance(self, p: float) -> bool:
         return self.pick.random() < p
@@ -157,12 +163,14 @@ class Run:
                 if self.chance(self.a.event_rate):
                     self.events["between epochs"] += 1
                     self.killer.send(OUTSIDE[:2], OUTSIDE_WEIGHTS[:2])
+                if self.a.helper_rate and self.chance(self.a.helper_rate):
+                    self.kill_helper(o, "between epochs")
         finally:
             self.close(loader)
             while self.held:
                 self.check_held(*self.held.popleft())
         self.lives += 1
-        left = c.leftovers()
+        left = c.leftovers(helpers=frozenset(kl.helper_zombies(self.helpers)))
         if left:
             self.problems.append(f"life {self.lives}: left behind after close(): " + ", ".join(left))
 
@@ -230,6 +238,9 @@ class Run:
         if self.a.verbose and time.monotonic() - begun > 1.0:
             print(f"  iter() took {time.monotonic() - begun:.1f} s; sent {dict(self.sent)}", flush=True)
         self.pending = -1
+        helper_at = -1
+        if self.a.helper_rate and self.chance(self.a.helper_rate):
+            helper_at = len(got) + self.pick.randint(1, 16)
         if len(got) == stop_at:
             return
         last = time.monotonic()
@@ -239,6 +250,8 @@ class Run:
             got.append(self.sum(batch))
             self.hold(batch, got[-1])
             del batch
+            if len(got) == helper_at:  # not an iterable life's fork server: its workers' streams would die
+                self.kill_helper(o, "amid an epoch", fork_server=not o["iterable"])
             if not o["iterable"]:
                 self.maybe_kill(loader)
             if len(got) == stop_at:
@@ -266,6 +279,13 @@ class Run:
             n = 3 if self.a.task_timeout > 0 else 2
             self.killer.send(OUTSIDE[:n], OUTSIDE_WEIGHTS[:n])
             self.pending = deaths
+
+    def kill_helper(self, o: dict[str, Any], when: str, fork_server: bool = True) -> None:
+        """SIGKILL the resource tracker or (under forkserver, ``fork_server``) the fork server, and count it."""
+        killed = kl.kill_helper(self.pick, fork_server and o["multiprocessing_context"] == "forkserver")
+        if killed is not None:
+            self.events[f"{killed[0]} killed {when}"] += 1
+            self.helpers.add(killed[1])
 
     def close(self, loader: DataLoader) -> None:
         self.deaths += int(loader.stats()["worker_deaths"])
@@ -331,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:  # any loader error is a failure of the run, reported in one line
             run.problems.append(f"{type(exc).__name__} in life {run.lives} epoch {run.epochs}: "
                                 f"{' '.join(str(exc).split())[:600]}")
-        left = c.leftovers()
+        left = c.leftovers(helpers=frozenset(kl.helper_zombies(run.helpers)))
     if left:
         run.problems.append("left behind: " + ", ".join(left))
     text = run.summary(time.monotonic() - started)

@@ -7,7 +7,10 @@ workers two ways:
 - from outside, after a delivered batch and with probability ``--kill-rate``, the script sends a
   random live worker SIGKILL, SIGSEGV or SIGSTOP (a hang: the task deadline must kill it);
 - from inside, some sample indices carry a fault that fires the first time a worker fetches them:
-  ``os._exit(3)``, a real SIGSEGV (NULL dereference) or a hang (blocks forever).
+  ``os._exit(3)``, a real SIGSEGV (NULL dereference) or a hang (blocks forever);
+- with ``--init-fail-every N``, the ``worker_init_fn`` of about one worker start in N (restarts
+  included) raises: that worker's first task is answered with the error, which the script catches
+  as a trainer may, and the worker serves on (the batch is the only one not delivered).
 
 Every delivered batch is compared by checksum with the batch due; a lost, duplicated, reordered or
 corrupted batch, any error from the loader, or a process or segment left after ``close()`` is a
@@ -67,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=float, default=2.0,
                    help="deadline of a worker's start-up (the library's floor is 30 s; a worker stopped while "
                         "starting would cost that much)")
+    p.add_argument("--init-fail-every", type=int, default=0,
+                   help="about one worker start in this many has its worker_init_fn raise (0: none)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -76,6 +81,7 @@ class Run:
 
     def __init__(self, args: argparse.Namespace, marker_dir: str) -> None:
         self.args = args
+        init = c.FlakyInit(args.init_fail_every, args.seed, marker_dir) if args.init_fail_every > 0 else None
         self.rng = np.random.default_rng(args.seed)
         self.pick = random.Random(args.seed)
         self.sampler = c.PlannedBatches()
@@ -83,11 +89,11 @@ class Run:
                                  num_workers=args.workers, multiprocessing_context=args.method,
                                  persistent_workers=True, on_worker_death="restart", max_restarts=1_000_000,
                                  max_task_attempts=args.batch_size + OUTSIDE_IN_A_ROW,
-                                 task_timeout_s=args.task_timeout)
+                                 task_timeout_s=args.task_timeout, worker_init_fn=init)
         self.injected: Counter[str] = Counter()
         self.planted: Counter[str] = Counter()
         self.pending_deaths = -1  # deaths count that an outside kill is waiting to see exceeded
-        self.batches = self.epochs = 0
+        self.batches = self.epochs = self.init_failures = self.planted_inits = 0
         self.problems: list[str] = []
 
     def deaths(self) -> int:
@@ -101,13 +107,22 @@ class Run:
         self.planted.update(planted)
         self.sampler.plan = plan
         want = [c.expected_checksum(b) for b in plain]
-        got = []
-        for batch in self.loader:
+        got: list[int | None] = []  # None: the batch whose task a planted worker_init_fn failure answered
+        it = iter(self.loader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except c.PlantedInitFailure:
+                got.append(None)
+                self.init_failures += 1
+                continue
             got.append(c.checksum(batch))
             del batch  # give the slot back before hurting a worker
             self.maybe_kill()
         self.compare(want, got)
-        self.batches += len(got)
+        self.batches += sum(g is not None for g in got)
         self.epochs += 1
 
     def maybe_kill(self) -> None:
@@ -127,12 +142,12 @@ class Run:
         self.injected[signal.Signals(sig).name] += 1
         self.pending_deaths = before
 
-    def compare(self, want: list[int], got: list[int]) -> None:
-        if got == want:
+    def compare(self, want: list[int], got: list[int | None]) -> None:
+        if len(got) == len(want) and all(g is None or g == w for w, g in zip(want, got)):
             return
-        lost = Counter(want) - Counter(got)
-        extra = Counter(got) - Counter(want)
-        first = next((k for k, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want), len(got)))
+        delivered = Counter(g for g in got if g is not None)
+        lost, extra = Counter(want) - delivered, delivered - Counter(want)
+        first = next((k for k, (w, g) in enumerate(zip(want, got)) if g not in (None, w)), min(len(want), len(got)))
         self.problems.append(f"epoch {self.epochs}: {len(got)} batches for {len(want)}, {sum(lost.values())} lost, "
                              f"{sum(extra.values())} duplicated or corrupt, first difference at batch {first}")
 
@@ -143,7 +158,12 @@ class Run:
         return (f"kill_workers: survived {self.deaths()} worker deaths ({self.loader.stats()['worker_restarts']} "
                 f"restarts) over {self.epochs} epochs, {self.batches} batches delivered exactly once in order, "
                 f"0 lost, 0 duplicated; outside {outside or 'none'}; planted {inside}; {a.workers} workers, "
-                f"{a.method}, seed {a.seed}, {elapsed_s:.1f} s")
+                f"{a.method}, seed {a.seed}, {elapsed_s:.1f} s{self.init_tally()}")
+
+    def init_tally(self) -> str:
+        if not self.args.init_fail_every:
+            return ""
+        return f"; worker_init_fn failures raised {self.init_failures} of {self.planted_inits} planted"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,6 +184,10 @@ def main(argv: list[str] | None = None) -> None:
             c.verdict(False, f"kill_workers: {type(exc).__name__} after {run.batches} batches and "
                              f"{run.deaths()} deaths: {' '.join(str(exc).split())}")
         run.loader.close()
+        run.planted_inits = c.planted_init_failures(markers)  # before the markers go
+        if run.init_failures > run.planted_inits:
+            run.problems.append(f"{run.init_failures} worker_init_fn failures raised, more than the "
+                                f"{run.planted_inits} planted")
     elapsed = time.monotonic() - started
     left = c.leftovers()
     if run.problems:

@@ -79,3 +79,27 @@ def test_a_failing_run_says_fail() -> None:
                           capture_output=True, text=True, timeout=60, cwd=STRESS)
     assert proc.returncode == 1
     assert proc.stdout.strip().splitlines()[-1].startswith("FAIL soak: only 1 epochs")
+
+
+@pytest.mark.timeout(150)
+def test_combos_with_killed_helpers() -> None:
+    """``--helper-rate``: the resource tracker and, under forkserver, the fork server (its workers
+    with it) SIGKILLed between epochs and amid them; every batch still arrives exactly once and
+    nothing is left behind but the killed helpers' zombies, which CPython reaps at its next start."""
+    last, _ = run("combos.py", "--seconds", "20", "--seed", "3", "--methods", "forkserver,spawn,fork",
+                  "--helper-rate", "1", "--kill-rate", "0.05", timeout_s=140)
+    assert "batches exactly once" in last
+    kills = [int(n) for n in re.findall(r"(?:resource tracker|fork server) killed [a-z ]+ (\d+)", last)]
+    assert sum(kills) >= 2, last
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_kill_workers_with_failing_worker_init_fn(method: str) -> None:
+    """``--init-fail-every``: restarted workers whose ``worker_init_fn`` raises answer one task each
+    with the error, caught in the place of that batch, and serve on; every other batch arrives once."""
+    last, _ = run("kill_workers.py", "--kills", "20", "--seconds", "30", "--method", method,
+                  "--init-fail-every", "3", timeout_s=140)
+    raised, planted = map(int, re.search(r"worker_init_fn failures raised (\d+) of (\d+) planted", last).groups())  # type: ignore[union-attr]
+    assert 1 <= raised <= planted, last
+    assert "0 lost, 0 duplicated" in last
