@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from resume_helpers import second_epoch_and_saved
 
 import shmloader
 from shmloader.errors import StateError
@@ -87,14 +88,9 @@ def test_a_generator_that_is_saved_resumes(sampler: Callable[[], shmloader.Sampl
     def make() -> shmloader.DataLoader:
         return shmloader.DataLoader(DATA, batch_size=3, sampler=sampler())
 
-    uninterrupted = make()
-    second = [[b.tolist() for b in uninterrupted] for _ in range(2)][1]
-    saving = make()
-    list(saving)
-    it = iter(saving)
-    before = [next(it).tolist() for _ in range(2)]
+    second, before, state = second_epoch_and_saved(make, 2)
     resumed = make()
-    resumed.load_state_dict(saving.state_dict())
+    resumed.load_state_dict(state)
     assert before + [b.tolist() for b in resumed] == second
 
 

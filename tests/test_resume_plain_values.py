@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from resume_helpers import second_epoch_and_saved
 
 import shmloader
 
@@ -52,13 +53,7 @@ def _loader() -> shmloader.DataLoader:
 
 
 def test_numpy_scalars_are_saved_as_python_values_and_load_under_weights_only() -> None:
-    uninterrupted = _loader()
-    second = [[b.tolist() for b in uninterrupted] for _ in range(2)][1]
-    saving = _loader()
-    list(saving)
-    it = iter(saving)
-    before = [next(it).tolist() for _ in range(2)]
-    state = saving.state_dict()
+    second, before, state = second_epoch_and_saved(_loader, 2)
     saved = state["objects"]["sampler"]
     assert saved == {"offset": 5, "level": 1.0, "warm": True, "shape": (2, 3)}
     assert [type(v) for v in saved.values()] == [int, float, bool, tuple]
