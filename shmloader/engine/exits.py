@@ -107,7 +107,8 @@ def fork_server_gone(pid: int) -> bool:
     workers, whatever became of them (they die with it: ``PR_SET_PDEATHSIG``)."""
     if pid <= 0:
         return False
-    return procstat.state_of(pid) in (None, b"Z") or procstat.parent_of(pid) != os.getpid()
+    both = procstat.state_and_parent(pid)
+    return both is None or both[0] == b"Z" or both[1] != os.getpid()
 
 
 def own_fork_server() -> None:
