@@ -104,9 +104,33 @@ def fork_server_gone(pid: int) -> bool:
     """Whether the fork server ``pid`` (a child of this process, which only CPython reaps) has died:
     no such process, a zombie, or no longer our child. Under forkserver a worker's exit status comes
     from its fork server: once that is gone, multiprocessing reports exit code 255 for each of its
-    workers, whatever became of them (they die with it: ``PR_SET_PDEATHSIG``)."""
+    workers, whatever became of them (they die with it: ``PR_SET_PDEATHSIG``).
+
+    A dying server closes its workers' status pipes a moment before it is a zombie, so a worker's
+    255 can be read while the server still shows as running: then it is given up to
+    ``SERVER_DYING_S`` to end (a pidfd, readable once it has exited) before it is judged alive; only
+    a worker that really exited with 255 under a live server waits that long."""
     if pid <= 0:
         return False
+    if _server_gone_now(pid):
+        return True
+    if _pidfd_open is None:
+        return False
+    try:
+        fd = _pidfd_open(pid)
+    except OSError:  # gone meanwhile, and reaped
+        return True
+    try:
+        select.select([fd], [], [], SERVER_DYING_S)
+    finally:
+        os.close(fd)
+    return _server_gone_now(pid)
+
+
+SERVER_DYING_S = 1.0
+
+
+def _server_gone_now(pid: int) -> bool:
     both = procstat.state_and_parent(pid)
     return both is None or both[0] == b"Z" or both[1] != os.getpid()
 
