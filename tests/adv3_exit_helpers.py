@@ -6,7 +6,7 @@ within a bound and reports its exit code, its stderr, the children still alive a
 grace, and the ``shml_<pid>_`` files it left in the shared-memory directory. ``PRELUDE`` is
 prepended to every script: the imports, a small array, ``print_children()`` and ``Slow`` (a
 dataset whose samples from 16 on block for 30 s, so a worker is busy when the script ends) and
-``iterate_in_a_daemon_thread(loader)``.
+``iterate_in_a_daemon_thread(loader)`` (which lists the children itself, inside the first epoch).
 """
 
 from __future__ import annotations
@@ -50,13 +50,20 @@ PRELUDE = textwrap.dedent("""
                 time.sleep(30)
             return DATA[i]
 
-    def iterate_in_a_daemon_thread(loader):
-        \"\"\"Iterate ``loader``, epoch after epoch, in a daemon thread; return once a batch came.\"\"\"
+    def iterate_in_a_daemon_thread(loader, while_open=print_children):
+        \"\"\"Iterate ``loader``, epoch after epoch, in a daemon thread; return once a batch came.
+
+        ``while_open()`` runs in that thread right after the first batch, while the first epoch's
+        iterator (and its workers) is certainly live: listed from the main thread instead, the
+        children could be those of the gap between two short epochs.
+        \"\"\"
         started = threading.Event()
 
         def run():
             while True:
                 for batch in loader:
+                    if not started.is_set():
+                        while_open()
                     started.set()
 
         threading.Thread(target=run, daemon=True).start()

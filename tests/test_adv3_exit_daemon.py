@@ -20,8 +20,7 @@ IN_NEXT = """
     if __name__ == "__main__":
         dataset = Slow() if sys.argv[2] == "hung" else shmloader.ArrayDataset(DATA)
         loader = shmloader.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=sys.argv[1])
-        iterate_in_a_daemon_thread(loader)
-        print_children()
+        iterate_in_a_daemon_thread(loader)  # it lists the children inside the first epoch
         sys.exit(3)
 """
 

@@ -133,13 +133,16 @@ BIG_STACK = """
 
     if __name__ == "__main__":
         loader = shmloader.DataLoader(Big(), batch_size=8, num_workers=0, collate_threads=2)
+        def helpers_are_running():
+            assert any(t.name.startswith("shmloader-collate") for t in threading.enumerate())
+            print_children()
+
         if sys.argv[1] == "daemon":
-            iterate_in_a_daemon_thread(loader)
+            iterate_in_a_daemon_thread(loader, while_open=helpers_are_running)
         else:
             it = iter(loader)
             HELD = next(it)
-        assert any(t.name.startswith("shmloader-collate") for t in threading.enumerate())
-        print_children()
+            helpers_are_running()
         sys.exit(3)
 """
 
