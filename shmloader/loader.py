@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import functools
 import multiprocessing
-import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
@@ -46,6 +45,7 @@ from shmloader.log import apply_log_level
 from shmloader.owner import ProcessOwner
 from shmloader.plugins import build_plugin_manager
 from shmloader.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from shmloader.warning_origin import TORCH_LOADER_MODULE, warn
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -205,7 +205,12 @@ class DataLoader(Generic[T_co]):
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning when more workers are asked for than this process may use CPUs."""
-        checks.warn_worker_number(self.num_workers)
+        checks.warn_worker_number(self.num_workers, self._warning_module)
+
+    @property
+    def _warning_module(self) -> str | None:
+        """The module the torch flavour's warnings in torch's words name (shmloader/warning_origin.py)."""
+        return TORCH_LOADER_MODULE if self._to_torch else None
 
     def __setattr__(self, attr: str, value: Any) -> None:
         if self.__initialized and attr in _IMMUTABLE:
@@ -350,7 +355,8 @@ class DataLoader(Generic[T_co]):
 
     def _warn_pinning(self) -> None:
         pinning.check_requested(self)  # a bad SHMLOADER_PIN_BACKEND raises with workers or without
-        if self.pin_memory and self.pin_memory_device:
-            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
-                          f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
+        if self.pin_memory and self.pin_memory_device:  # named by _get_iterator's frame, as torch's by its iterator's
+            warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                 f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=2,
+                 torch_module=self._warning_module)
         pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, once per loader

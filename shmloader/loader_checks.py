@@ -13,7 +13,6 @@ import numbers
 import operator
 import os
 import sys
-import warnings
 from collections.abc import Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -26,6 +25,7 @@ from shmloader.errors import (
     TimeoutWithoutWorkersError,
 )
 from shmloader.samplers import check_positive_int
+from shmloader.warning_origin import warn
 
 
 def check_counts(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> int:
@@ -230,8 +230,10 @@ def resolve_context(context: str | BaseContext | None, num_workers: int) -> Base
     return context
 
 
-def warn_worker_number(num_workers: int) -> None:
-    """torch's warning when more workers are asked for than this process may use CPUs."""
+def warn_worker_number(num_workers: int, torch_module: str | None = None) -> None:
+    """torch's warning when more workers are asked for than this process may use CPUs, named (as
+    torch's, stacklevel 2 there) by the frame that called ``check_worker_number_rationality``:
+    ``torch_module`` when that is the loader's own (shmloader/warning_origin.py)."""
     if not num_workers:
         return
     try:
@@ -244,10 +246,10 @@ def warn_worker_number(num_workers: int) -> None:
                 f"{'' if checked else ' (`cpuset` is not taken into account)'}, which is smaller than what "
                 "this DataLoader is going to create." if suggest is not None else
                 "DataLoader is not able to compute a suggested max number of worker in current system.")
-        warnings.warn(f"This DataLoader will create {num_workers} worker processes in total. {hint} "
-                      "Please be aware that excessive worker creation might get DataLoader running slow or "
-                      "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
-                      stacklevel=4)
+        warn(f"This DataLoader will create {num_workers} worker processes in total. {hint} "
+             "Please be aware that excessive worker creation might get DataLoader running slow or "
+             "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+             stacklevel=3, torch_module=torch_module)
 
 
 def plugin_list(plugins: Any) -> list[Any]:

@@ -34,7 +34,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +45,7 @@ from shmloader.gpu.backends import PinBackend, TorchCudaBackend, Transfer
 from shmloader.gpu.batch_tree import iter_leaves, map_batch
 from shmloader.gpu.cupy_backend import CupyBackend
 from shmloader.gpu.mlock import MlockBackend
+from shmloader.warning_origin import warn
 
 __all__ = [
     "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",
@@ -255,13 +255,15 @@ def will_pin(loader: Any) -> bool:
     return loader._pin.copy or (backend is not None and bool(getattr(backend, "device_pinned", False)))
 
 
-def warn_if_unpinned(loader: Any, stacklevel: int = 4) -> None:
+def warn_if_unpinned(loader: Any, stacklevel: int = 3) -> None:
     """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader (not when
-    there is one and the user named a backend that does not pin for it: the words would be false)."""
+    there is one and the user named a backend that does not pin for it: the words would be false).
+    The frame ``stacklevel`` names is the loader's ``_get_iterator`` (torch's iterator warns from
+    its own module); the torch flavour names torch's module there (shmloader/warning_origin.py)."""
     if not loader.pin_memory or loader._pin.warned or will_pin(loader) or accelerator_available():
         return
     loader._pin.warned = True
-    warnings.warn(NO_ACCELERATOR, stacklevel=stacklevel)
+    warn(NO_ACCELERATOR, stacklevel=stacklevel, torch_module=getattr(loader, "_warning_module", None))
 
 
 def pin_copy(batch: Any) -> Any:

@@ -26,9 +26,17 @@ from torch.utils.data.datapipes.datapipe import (
     _IterDataPipeSerializationWrapper,
     _MapDataPipeSerializationWrapper,
 )
-from torch.utils.data.graph_settings import apply_random_seed, apply_sharding, apply_shuffle_settings
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import (
+    _is_shuffle_datapipe,
+    apply_random_seed,
+    apply_sharding,
+    apply_shuffle_settings,
+    get_all_graph_pipes,
+)
 
 from shmloader._generators import draw_base_seed
+from shmloader.warning_origin import TORCH_LOADER_MODULE, warn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,6 +49,9 @@ __all__ = ["adopt", "epoch_plan", "iterator_made", "reseed"]
 # one gloo group per loader for the seed's broadcast (torch makes one per iterator): every rank
 # makes it at the same point, its loader's first epoch
 _groups: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# torch.utils.data.graph_settings.apply_shuffle_settings's words
+_NO_SHUFFLER = ("`shuffle=True` was set, but the datapipe does not contain a `Shuffler`. Adding one at the end. "
+                "Be aware that the default buffer size might not be sufficient for your task.")
 
 
 def adopt(dataset: Any, shuffle: bool | None) -> tuple[Any, bool | None]:
@@ -48,14 +59,24 @@ def adopt(dataset: Any, shuffle: bool | None) -> tuple[Any, bool | None]:
 
     A pipe is wrapped as torch wraps it; an ``IterDataPipe``'s shufflers are switched on or off by
     an explicit ``shuffle`` (torch's "expected unspecified shuffle option" is not raised for it).
+    ``shuffle=True`` on a pipe with no shuffler adds one, with torch's warning named as torch's
+    loader names it (its module, shmloader/warning_origin.py), not by torch's helper's caller here.
     """
     if isinstance(dataset, IterDataPipe):
+        if shuffle and not _has_shuffler(dataset):
+            warn(_NO_SHUFFLER, stacklevel=1, torch_module=TORCH_LOADER_MODULE)
+            dataset = dataset.shuffle()  # what apply_shuffle_settings adds, then switches on
         if shuffle is not None:
             dataset = apply_shuffle_settings(dataset, shuffle=shuffle)
         return _IterDataPipeSerializationWrapper(dataset), None
     if isinstance(dataset, MapDataPipe):
         return _MapDataPipeSerializationWrapper(dataset), shuffle
     return dataset, shuffle
+
+
+def _has_shuffler(dataset: IterDataPipe) -> bool:
+    """Whether ``apply_shuffle_settings`` finds a shuffler in the pipe's graph (torch's own test)."""
+    return any(_is_shuffle_datapipe(pipe) for pipe in get_all_graph_pipes(traverse_dps(dataset)))
 
 
 def epoch_plan(loader: Any, plan: Plan) -> Plan:

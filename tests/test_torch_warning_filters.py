@@ -1,0 +1,217 @@
+"""torch's warnings from ``shmloader.torch.DataLoader``, as a user who filters warnings meets them,
+side by side with torch 2.13's ``DataLoader``.
+
+torch emits most of its loader's warnings from its own module ``torch.utils.data.dataloader``
+(stacklevel 2 names a frame of that file): "This DataLoader will create N worker processes in
+total" (at construction and at each ``iter()`` that starts workers), "pin_memory_device is
+deprecated", "'pin_memory' argument is set as true but no accelerator is found" (both at
+``iter()``), and, for an ``IterDataPipe`` with ``shuffle=True`` and no ``Shuffler``, "`shuffle=True`
+was set, but the datapipe does not contain a `Shuffler`" (at construction). So
+``warnings.filterwarnings("ignore", module="torch.utils.data.dataloader")`` (or pytest's
+``-W ignore::UserWarning:torch.utils.data.dataloader``) silences them, and ``"error"`` raises them
+at that call. The same filter does the same to the torch flavour's (docs/frameworks.md), and
+Python's default filter still shows each once per code location. The IterableDataset length
+warning and ``random_split``'s "Length of split" name the caller's frame in both. The numpy
+flavour names its own module, ``shmloader.loader``, for all of its loader's warnings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils import data as tdata  # noqa: E402
+from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
+
+import shmloader  # noqa: E402
+import shmloader.datasets  # noqa: E402
+import shmloader.torch as st  # noqa: E402
+
+TORCH_MODULE = r"torch\.utils\.data\.dataloader"
+Action = Literal["always", "error", "ignore"]
+pytestmark = pytest.mark.skipif(torch.accelerator.is_available(), reason="the 'no accelerator' warning needs none")
+
+
+class Rows(tdata.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return np.float32(i)
+
+
+class Reported(tdata.IterableDataset):  # type: ignore[misc]
+    """Three samples that say they are two: the length warning at the third ``next()``."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __iter__(self) -> Any:
+        return iter([np.int64(i) for i in range(3)])
+
+    def __repr__(self) -> str:  # the warning names the dataset: the same words for both loaders
+        return "Reported()"
+
+
+# name -> (how to make the loader, whether the machine must seem to have one CPU)
+CASES: dict[str, tuple[Callable[[type], Any], bool]] = {
+    "no accelerator": (lambda cls: cls(Rows(), batch_size=2, pin_memory=True), False),
+    "no accelerator, workers": (lambda cls: cls(Rows(), batch_size=2, pin_memory=True, num_workers=1), False),
+    "pin_memory_device": (lambda cls: cls(Rows(), batch_size=2, pin_memory=True, pin_memory_device="cpu"), False),
+    "too many workers": (lambda cls: cls(Rows(), batch_size=2, num_workers=2), True),
+    "too many persistent workers": (lambda cls: cls(Rows(), batch_size=2, num_workers=2,
+                                                    persistent_workers=True), True),
+    "datapipe without a Shuffler": (lambda cls: cls(IterableWrapper(range(4)), batch_size=2, shuffle=True), False),
+}
+
+
+def _one_cpu(monkeypatch: pytest.MonkeyPatch, one_cpu: bool) -> None:
+    if one_cpu:  # torch asks through torch._utils.cpu_count(), shmloader through os.sched_getaffinity
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0}, raising=False)
+
+
+def _epochs(make: Callable[[], Any], epochs: int = 2) -> list[str]:
+    """Each step's name, or the step and the words of the warning it raised as an error."""
+    steps: list[str] = []
+    try:
+        loader = make()
+    except UserWarning as w:
+        return [f"construction: {w}"]
+    try:
+        for epoch in range(epochs):
+            try:
+                it = iter(loader)
+            except UserWarning as w:
+                steps.append(f"iter {epoch}: {w}")
+                continue
+            steps.append(f"epoch {epoch}: {sum(1 for _ in it)} batches")
+            del it
+    finally:
+        if isinstance(loader, shmloader.DataLoader):
+            loader.close()
+        else:
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is not None:
+                iterator._shutdown_workers()
+    return steps
+
+
+def _recorded(make: Callable[[], Any], *filters: tuple[Action, str]) -> list[str]:
+    """The words of each warning two epochs give under ``always`` and then ``filters`` (action, module)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for action, module in filters:
+            warnings.filterwarnings(action, module=module)
+        _epochs(make)
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_filter_on_torchs_module_silences_ours_as_it_silences_torchs(monkeypatch: pytest.MonkeyPatch,
+                                                                       case: str) -> None:
+    make, one_cpu = CASES[case]
+    _one_cpu(monkeypatch, one_cpu)
+    theirs = _recorded(lambda: make(tdata.DataLoader))
+    ours = _recorded(lambda: make(st.DataLoader))
+    assert theirs and set(ours) == set(theirs), (ours, theirs)  # the same words (counts: docs/gpu.md)
+    assert _recorded(lambda: make(tdata.DataLoader), ("ignore", TORCH_MODULE)) == []
+    assert _recorded(lambda: make(st.DataLoader), ("ignore", TORCH_MODULE)) == []
+
+
+@pytest.mark.timeout(120)
+# torch's iterator, its __init__ raising the warning, then fails in its __del__ (no _shutdown yet)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_error_filter_on_torchs_module_raises_at_the_same_call(monkeypatch: pytest.MonkeyPatch,
+                                                                  case: str) -> None:
+    """The first epoch: "no accelerator" is warned once per loader by shmloader, at each ``iter()``
+    by torch, so under ``"error"`` torch raises at each ``iter()``, shmloader at the first (docs/gpu.md)."""
+    make, one_cpu = CASES[case]
+    _one_cpu(monkeypatch, one_cpu)
+    outcomes = []
+    for cls in (tdata.DataLoader, st.DataLoader):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.filterwarnings("error", module=TORCH_MODULE)
+            outcomes.append(_epochs(lambda: make(cls), epochs=1))  # noqa: B023  (called at once)
+    theirs, ours = outcomes
+    assert any(":" in step for step in theirs), theirs  # torch raised it somewhere
+    assert ours == theirs
+
+
+@pytest.mark.timeout(120)
+def test_the_default_filter_shows_a_repeated_warning_once_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's default action shows a warning once per code location (the module's registry)."""
+    _one_cpu(monkeypatch, True)
+    counts = []
+    for cls in (tdata.DataLoader, st.DataLoader):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for _ in range(3):
+                cls(Rows(), batch_size=2, num_workers=2)  # warns at construction, from the same line
+        counts.append(len(caught))
+    assert counts == [1, 1]
+
+
+@pytest.mark.timeout(120)
+def test_the_numpy_flavour_names_its_own_module_for_each_loader_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its words are torch's, its module shmloader's: ``shmloader.loader``, at construction and at ``iter()``."""
+    _one_cpu(monkeypatch, True)
+    for make, _ in CASES.values():
+        if make is CASES["datapipe without a Shuffler"][0]:
+            continue  # DataPipes are the torch flavour's
+        assert _recorded(lambda: make(shmloader.DataLoader), ("ignore", TORCH_MODULE))  # noqa: B023
+        assert _recorded(lambda: make(shmloader.DataLoader), ("ignore", r"shmloader\.loader\Z")) == []  # noqa: B023
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_length_warning_names_the_callers_module_in_both(num_workers: int) -> None:
+    here = re.escape(__name__) + r"\Z"  # torch: stacklevel=2 in its iterator's __next__, the caller's frame
+    for cls in (tdata.DataLoader, st.DataLoader):
+        def make() -> Any:
+            loader = cls(Reported(), batch_size=None, num_workers=num_workers)  # noqa: B023
+            len(loader)
+            return loader
+
+        assert any(w.startswith("Length of IterableDataset Reported()") for w in _recorded(make))
+        assert _recorded(make, ("ignore", here)) == []
+
+
+def test_random_split_names_the_callers_module_in_both() -> None:
+    splits: tuple[Callable[..., Any], ...] = (tdata.random_split, shmloader.datasets.random_split)
+    actions: tuple[Action, ...] = ("always", "ignore")
+    for split in splits:
+        for action in actions:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                warnings.filterwarnings(action, module=re.escape(__name__) + r"\Z")
+                split(list(range(2)), [0.5, 0.5, 0.0])
+            words = [str(w.message) for w in caught]
+            assert words == ([] if action == "ignore" else
+                             ["Length of split at index 2 is 0. This might result in an empty dataset."])
+
+
+def test_a_direct_check_of_the_worker_number_names_the_callers_module_in_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's ``check_worker_number_rationality`` warns with stacklevel 2: a user's call names the user."""
+    _one_cpu(monkeypatch, True)
+    here = re.escape(__name__) + r"\Z"
+    for cls in (tdata.DataLoader, st.DataLoader, shmloader.DataLoader):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loader: Any = cls(Rows(), batch_size=2, num_workers=2)
+        expectations: tuple[tuple[Action, int], ...] = (("ignore", 0), ("always", 1))
+        for action, expected in expectations:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                warnings.filterwarnings(action, module=here)
+                loader.check_worker_number_rationality()
+            assert len(caught) == expected, (cls, action)
