@@ -90,7 +90,7 @@ def _as_is(batch: Any) -> Any:
 
 def _finish(pin: pinning.PinState, num_workers: int, batch: Any) -> Any:
     if num_workers == 0:  # in no slot, whatever backend an epoch with workers chose: torch's copy pins it
-        return pinning.pin_copy(batch) if pinning.accelerator_available() else batch
+        return pinning.pin_copy(batch) if pinning.torch_pins() else batch
     if pin.backend is not None:
         return pin.backend.finish(batch)
     if pin.copy:

@@ -16,8 +16,9 @@ Runs in the main process only. Promises:
   ``unregister_segment`` when it is retired, which the ring does before it unlinks and unmaps —
   also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
 - ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
-  the batches stay correct (unpinned). An accelerator that no backend registers slots for (XPU,
-  MPS: the built-ins register for CUDA only) gets each batch pinned by torch's copy, as torch does.
+  the batches stay correct (unpinned). An accelerator that no backend registers slots for (XPU:
+  the built-ins register for CUDA only) gets each batch pinned by torch's copy, as torch does; on
+  MPS torch switches pinning off with its warning, and so does shmloader.
 - ``SHMLOADER_PIN_BACKEND`` is read only where ``pin_memory=True``: a value that is not a backend,
   or names one that cannot work here, raises ConfigError at ``iter()`` with workers or without
   (:func:`check_requested`). Importing this module imports neither torch nor cupy.
@@ -48,15 +49,17 @@ from shmloader.gpu.mlock import MlockBackend
 from shmloader.warning_origin import warn
 
 __all__ = [
-    "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "backend_for",
-    "builtin_pin_backend", "check_requested", "check_usable", "make_backend", "pin_copy", "refuse_cuda_in_bad_fork",
-    "requested_backend", "select", "warn_if_unpinned",
+    "BACKEND_NAMES", "BuiltinPinPlugin", "PinBackend", "Transfer", "accelerator_available", "accelerator_type",
+    "backend_for", "builtin_pin_backend", "check_requested", "check_usable", "make_backend", "pin_copy",
+    "refuse_cuda_in_bad_fork", "requested_backend", "select", "torch_pins", "warn_if_unpinned",
 ]
 
 ENV_BACKEND = "SHMLOADER_PIN_BACKEND"
 BACKEND_NAMES = ("auto", "torch", "cupy", "mlock", "fake", "none")
 NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
                   "memory won't be used.")
+MPS_UNSUPPORTED = ("'pin_memory' argument is set as true but not supported on MPS now, device pinned memory "
+                   "won't be used.")
 
 register_variable(ENV_BACKEND, "pin backend for pin_memory=True: " + "|".join(BACKEND_NAMES) + " (default auto)")
 
@@ -88,6 +91,30 @@ def accelerator_available() -> bool:
 
 
 os.register_at_fork(after_in_child=accelerator_available.cache_clear)
+
+
+@functools.cache
+def accelerator_type() -> str | None:
+    """The type of torch's current accelerator (``"cuda"``, ``"mps"``, ...), None without one;
+    asked once per process, as :func:`accelerator_available`."""
+    if not accelerator_available():
+        return None
+    import torch
+
+    try:
+        current = torch.accelerator.current_accelerator()
+    except AttributeError:  # a torch older than torch.accelerator: only CUDA counted
+        return "cuda"
+    return None if current is None else str(current.type)
+
+
+os.register_at_fork(after_in_child=accelerator_type.cache_clear)
+
+
+def torch_pins() -> bool:
+    """Whether torch's loader pins batches here: with an accelerator, but not MPS, where its
+    pin_memory fails and torch switches pinning off with a warning (pytorch#86060)."""
+    return accelerator_available() and accelerator_type() != "mps"
 
 
 def _cuda_in_bad_fork() -> bool:
@@ -241,8 +268,8 @@ def choose(pin: PinState, pin_memory: bool, plugins: Any, device: str) -> PinBac
         return None
     if not pin.chosen:
         pin.backend = select(True, plugins, device=device)
-        # e.g. XPU or MPS: no backend registers slots there, so torch's copy pins, as torch's loader does
-        pin.copy = pin.backend is None and requested_backend() == "auto" and accelerator_available()
+        # e.g. XPU: no backend registers slots there, so torch's copy pins, as torch's loader does
+        pin.copy = pin.backend is None and requested_backend() == "auto" and torch_pins()
         pin.chosen = True
     return pin.backend
 
@@ -250,20 +277,25 @@ def choose(pin: PinState, pin_memory: bool, plugins: Any, device: str) -> PinBac
 def will_pin(loader: Any) -> bool:
     """Whether the loader's batches will be pinned for a device."""
     if loader.num_workers == 0:
-        return accelerator_available()  # torch's pin_memory copy, as torch does
+        return torch_pins()  # torch's pin_memory copy, as torch does
     backend = backend_for(loader)
     return loader._pin.copy or (backend is not None and bool(getattr(backend, "device_pinned", False)))
 
 
 def warn_if_unpinned(loader: Any, stacklevel: int = 3) -> None:
-    """torch's warning when ``pin_memory=True`` finds no accelerator, once per loader (not when
-    there is one and the user named a backend that does not pin for it: the words would be false).
-    The frame ``stacklevel`` names is the loader's ``_get_iterator`` (torch's iterator warns from
-    its own module); the torch flavour names torch's module there (shmloader/warning_origin.py)."""
-    if not loader.pin_memory or loader._pin.warned or will_pin(loader) or accelerator_available():
+    """torch's warning when ``pin_memory=True`` finds no accelerator, or MPS (where torch switches
+    pinning off), once per loader (not when there is another accelerator and the user named a
+    backend that does not pin for it: the words would be false). The frame ``stacklevel`` names
+    is the loader's ``_get_iterator`` (torch's iterator warns from its own module); the torch
+    flavour names torch's module there (shmloader/warning_origin.py)."""
+    if not loader.pin_memory or loader._pin.warned or will_pin(loader):
+        return
+    mps = accelerator_type() == "mps"
+    if accelerator_available() and not mps:
         return
     loader._pin.warned = True
-    warn(NO_ACCELERATOR, stacklevel=stacklevel, torch_module=getattr(loader, "_warning_module", None))
+    warn(MPS_UNSUPPORTED if mps else NO_ACCELERATOR, stacklevel=stacklevel,
+         torch_module=getattr(loader, "_warning_module", None))
 
 
 def pin_copy(batch: Any) -> Any:
