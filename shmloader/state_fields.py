@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import sys
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,11 +61,10 @@ def numpy_state(encoded: Any, name: str) -> dict[str, Any]:
     """A numpy bit generator's state as saved (arrays as ``{"ndarray", "dtype"}``), decoded: it must
     name a numpy bit generator and be a state numpy can set on one as it is (else StateError
     naming ``name``): numpy before 2.0 wraps an out-of-range word instead of refusing it (1.24 to
-    1.26 with a DeprecationWarning, refused here too), so the state is read back and compared."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", DeprecationWarning)
-            state = _set_and_read_back(encoded)
+    1.26 with a DeprecationWarning, which a user's filters show, ignore or raise: refused either
+    way), so the state is read back and compared."""
+    try:  # no catch_warnings: it swaps the process-wide filters under every other thread
+        state = _set_and_read_back(encoded)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, DeprecationWarning) as exc:
         raise StateError(f"the state's {name} is not a numpy generator state numpy can set "
                          f"({type(exc).__name__}: {exc}): {encoded!r:.80}", encoded, None) from None

@@ -97,3 +97,21 @@ def test_a_state_numpy_takes_with_a_deprecation_warning_is_refused_by_name(monke
             warnings.simplefilter(action, DeprecationWarning)
             with pytest.raises(StateError, match=r"is not a numpy generator state numpy can set"):
                 numpy_state(_saved(state=-1), "random.sources (generator)")
+
+
+def test_checking_a_state_leaves_the_process_s_warning_filters_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warnings.catch_warnings`` swaps the process-wide filter list: another thread warning while
+    a state is checked would see this check's filters (a DeprecationWarning of its own raised as an
+    error) and lose the "shown once" registry. The check reads numpy's stored state back instead."""
+    seen: list[Any] = []
+
+    class Watching(WarningPCG64):
+        def __init__(self, *args: Any) -> None:
+            seen.append(list(warnings.filters))
+            super().__init__(*args)
+
+    Watching.__name__ = "PCG64"
+    monkeypatch.setattr(np.random, "PCG64", Watching)
+    before = list(warnings.filters)
+    numpy_state(_saved(), "random.sources (generator)")
+    assert seen == [before]
