@@ -308,3 +308,11 @@ def test_a_task_keeps_its_own_copy_of_a_batch_that_could_change():
     fixed = (5, 6), range(2, 4)
     assert all(task_indices(b) is b for b in fixed)  # cannot change: kept as they are
     assert task_indices(i for i in (7, 8)) == [7, 8]  # one pass: a list, which can be sent again
+
+
+def test_out_of_order_iterable_passes_over_full_and_exhausted_workers_as_torch_does() -> None:
+    d = Dispatcher(3, 2, in_order=False, iterable=True)
+    held, exhausted = [2, 0, 1], [False, False, False]
+    assert [d.pick(t, held, exhausted) for t in range(2)] == [1, 2]  # worker 0 is full: passed over
+    assert d.pick(2, [2, 2, 0], [False, True, False]) == 2  # worker 1's share ended
+    assert d.pick(3, [2, 2, 2], [False, False, False]) is None and d.cursor == 0  # all full: cycle unchanged

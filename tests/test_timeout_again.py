@@ -143,3 +143,19 @@ def test_close_after_a_persistent_timeout_stops_the_slow_worker_and_leaves_nothi
     td.release(str(tmp_path))
     loader.close()
     assert workers_left() == [] and _fds() == fds
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_behind_an_abandoned_epoch_names_the_tasks_the_worker_still_runs(tmp_path):
+    gate = td.Gate(str(tmp_path), once=False)
+    with _loader(td.SlowAt(gate), persistent=True) as loader:
+        _until_timeout(iter(loader), 2)  # worker 0 blocks in task 2 (sample 5) and holds task 4 too
+        it = iter(loader)  # the next epoch's task 0 is worker 0's: it queues behind them
+        with pytest.raises(WorkerTimeout, match=rf"^DataLoader timed out after {TIMEOUT_S} seconds") as info:
+            next(it)
+        message = str(info.value)
+        # before, "Outstanding: no tasks; held by worker 0 (pid ...)": what held it was not said
+        assert "abandoned epoch" in message and "task 2: indices [4..5]" in message, message
+        assert info.value.tasks == {}  # this epoch's own tasks: none sent yet
+        td.release(str(tmp_path))
+        assert _epoch(it)[0] == MAP_ORDER

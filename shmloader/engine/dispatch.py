@@ -10,6 +10,9 @@ holds and which workers have run out of data. Promises, with ``prefetch`` tasks 
   same cycle, passing over a full worker, as torch's cycle does;
 - ``least_loaded``: the worker holding the fewest tasks, ties broken from the cursor on;
 - an iterable dataset is dealt round-robin over the workers not yet exhausted, as torch deals it;
+  with ``in_order=True`` the next task waits for room at that worker, with ``in_order=False`` the
+  cycle passes over a full worker, as torch's does (a worker slow to give its first batch does
+  not stall the others);
 - ``skip()`` (a task delivered before a resume) advances the cycle as a sent task would, so the
   tasks that are sent go to the workers they would have gone to in an uninterrupted epoch;
 - ``deal(w)``: an iterable dataset's task numbers follow timing once a worker's share has ended
@@ -84,6 +87,13 @@ class Dispatcher:
 
     def _pick_iterable(self, held: Sequence[int], exhausted: Sequence[bool]) -> int | None:
         n = len(held)
+        if not self.in_order:  # torch's in_order=False: the cycle passes over ended and full workers
+            for _ in range(n):
+                w = self.cursor % n
+                self.cursor = (self.cursor + 1) % n
+                if not exhausted[w] and held[w] < self.prefetch:
+                    return w
+            return None
         for _ in range(n):
             w = self.cursor % n
             if not exhausted[w]:

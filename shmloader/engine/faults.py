@@ -282,11 +282,14 @@ def _some(deaths: Sequence[str], shown: int = 6) -> str:
 
 
 def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None],
-              kept: bool = False, caller: Caller = LOADER) -> WorkerTimeout:
+              kept: bool = False, caller: Caller = LOADER, abandoned: Tasks | None = None) -> WorkerTimeout:
     """torch's "DataLoader timed out after N seconds", plus what was outstanding where, and what
     follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down;
-    ``caller`` names the calls that go on (the loader's, or the device prefetcher's)."""
+    ``caller`` names the calls that go on (the loader's, or the device prefetcher's);
+    ``abandoned``: tasks of an earlier epoch the workers still run, this epoch's queued behind them."""
     held = ", ".join(f"worker {w} (pid {p})" for w, p in sorted(worker_pids.items()))
+    if abandoned:
+        held += f", busy with an abandoned epoch's {format_tasks(abandoned)}, this epoch's tasks queued behind"
     follows = (f" The persistent workers were kept: {caller.next} waits for this batch again, and {caller.epoch} "
                "starts the next epoch on them; to kill a worker that hangs, set task_timeout_s." if kept else
                " The loader was shut down cleanly; iterate again to start over, or raise timeout=.")
