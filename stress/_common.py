@@ -18,7 +18,9 @@ import signal
 import sys
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import psutil
@@ -119,14 +121,14 @@ class PlantedInitFailure(Exception):
 
 
 class FlakyInit:
-    """A ``worker_init_fn`` that raises ``PlantedInitFailure`` in about one worker start in ``every``
+    """A ``worker_init_fn`` that raises ``PlantedInitFailure`` in a share ``rate`` of worker starts
     (each start draws on its own pid), leaving a marker file per failure so the script can count them."""
 
-    def __init__(self, every: int, seed: int, marker_dir: str) -> None:
-        self.every, self.seed, self.marker_dir = every, seed, marker_dir
+    def __init__(self, rate: float, seed: int, marker_dir: str) -> None:
+        self.rate, self.seed, self.marker_dir = rate, seed, marker_dir
 
     def __call__(self, worker_id: int) -> None:
-        if random.Random(f"{self.seed}-{os.getpid()}").randrange(self.every):
+        if random.Random(f"{self.seed}-{os.getpid()}").random() >= self.rate:
             return
         first_time(self.marker_dir, f"init-{os.getpid()}")
         raise PlantedInitFailure(f"planted worker_init_fn failure in worker {worker_id} (pid {os.getpid()})")
@@ -134,6 +136,33 @@ class FlakyInit:
 
 def planted_init_failures(marker_dir: str) -> int:
     return sum(name.startswith("init-") for name in os.listdir(marker_dir))
+
+
+def planted_as_none(it: Iterator[Any], raised: Counter[str]) -> Iterator[Any]:
+    """The batches of ``it``, with None in the place of each ``PlantedInitFailure`` it raises (the
+    batch whose task that failure answered: a trainer may catch it and go on), counted in
+    ``raised["init"]``."""
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except PlantedInitFailure:
+            raised["init"] += 1
+            yield None
+            continue
+        yield batch
+
+
+def fits(want: list[int], got: list[int | None], ordered: bool, whole: bool = True) -> bool:
+    """Whether ``got`` holds the batches of ``want`` exactly once each (in ``want``'s order where
+    ``ordered``), a None standing in the place of a batch whose task a planted ``worker_init_fn``
+    failure answered; with ``whole`` false, the batches of a pass left early (``got`` may be short)."""
+    if len(got) > len(want) or (whole and len(got) != len(want)):
+        return False
+    if ordered:
+        return all(g is None or g == w for w, g in zip(want, got))
+    return not Counter(g for g in got if g is not None) - Counter(want)
 
 
 def worker_pids() -> list[int]:

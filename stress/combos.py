@@ -10,7 +10,10 @@ amid small ones), so slots grow and then follow the batches down. Faults, all un
 
 - map-style only: planted faults (``os._exit``, SIGSEGV, a hang) that fire the first time a worker
   fetches a sample, outside SIGKILL/SIGSEGV/SIGSTOP after delivered batches, and a kill racing the
-  epoch's reset (sent from a thread a few milliseconds around ``iter(loader)``);
+  epoch's reset (sent from a thread a few milliseconds around ``iter(loader)``); with
+  ``--init-fail-rate``, a ``worker_init_fn`` that raises in that share of worker starts (restarts
+  included) of the main map-style lives: the worker's first task is answered with the error, which
+  the script catches in the place of that batch, as a trainer may, and the worker serves on;
 - iterable only: a worker killed in ``__iter__`` (before it reads its stream), in any epoch;
 - both: a kill of an idle worker between epochs, and one racing ``close()``; a pass left early
   by a ``break`` before the epoch's full pass; with ``--helper-rate``, a SIGKILL of one of
@@ -29,9 +32,11 @@ be a reference loader's, pass for pass. The same share of iterable lives draws t
 torch's in-order delivery gives (stress/_combos_extra.py).
 
 Every epoch's batches are compared by checksum with the batches due: the same sequence where every
-piece was in order, the same multiset otherwise. A lost, duplicated, reordered or corrupted batch,
-any loader error, a ``close()`` slower than ``--close-limit``, or a process or segment left after a
-life is a failure. Ends with one ``PASS ...`` line (exit 0) or ``FAIL ...`` line (exit 1).
+piece was in order, the same multiset otherwise, a planted ``worker_init_fn`` failure standing in
+the place of one batch (kill_workers.py's rule). A lost, duplicated, reordered or corrupted batch,
+any other loader error, more ``worker_init_fn`` failures raised than planted, a ``close()`` slower
+than ``--close-limit``, or a process or segment left after a life is a failure. Ends with one
+``PASS ...`` line (exit 0) or ``FAIL ...`` line (exit 1).
 
     python stress/combos.py --seconds 300 --seed 3
     python stress/combos.py --seconds 120 --methods fork,spawn,forkserver
@@ -85,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--helper-rate", type=float, default=0.0,
                    help="chance per epoch of each of: a SIGKILL of the resource tracker or fork server "
                         "between epochs, and one amid the epoch")
+    p.add_argument("--init-fail-rate", type=float, default=0.0,
+                   help="chance that a worker start's worker_init_fn raises, in main map-style lives (0: none)")
     p.add_argument("--verbose", action="store_true", help="a line per epoch: its options, time and kills")
     p.add_argument("--close-limit", type=float, default=20.0, help="seconds a close() may take")
     return p
@@ -110,6 +117,9 @@ class Run:
         self.sum: Callable[[Any], int] = c.checksum  # the checksum of a batch, in this life
         self.ref: Any = None  # an extra life's reference loader
         self.helpers: set[int] = set()  # pids of the helpers killed (zombies until CPython reaps them)
+        self.init = c.FlakyInit(a.init_fail_rate, a.seed, markers) if a.init_fail_rate > 0 else None
+        self.raised: Counter[str] = Counter()  # planted worker_init_fn failures the loader raised
+        self.planted_inits = 0  # counted as the run ends
 
     def chance(self, p: float) -> bool:
         return self.pick.random() < p
@@ -142,7 +152,7 @@ class Run:
             return DataLoader(d.SizedStream(a.samples, a.batch_size, self.markers, a.die_every),
                               batch_size=a.batch_size, max_task_attempts=8, **common)
         return DataLoader(d.SizedFaulting(a.samples, self.markers), batch_sampler=sampler,
-                          max_task_attempts=2 * a.batch_size + 4, **common)
+                          max_task_attempts=2 * a.batch_size + 4, worker_init_fn=self.init, **common)
 
     def life(self) -> None:
         o = self.options(self.chance(self.a.iterable_share))
@@ -196,7 +206,7 @@ class Run:
             want = x.next_pass(self.ref) if self.ref is not None else want
         cuttable = o["in_order"] or not o["iterable"]  # a stream delivered out of order cannot resume
         cut = self.pick.randint(0, len(want)) if cuttable and self.chance(a.event_rate) else -1
-        got: list[int] = []
+        got: list[int | None] = []  # None: a batch whose task a planted worker_init_fn failure answered
         ordered = o["in_order"]
         self.run_piece(loader, o, got, cut)
         if cut >= 0:
@@ -214,21 +224,20 @@ class Run:
             print(f"epoch {self.epochs}: {time.monotonic() - started:.2f} s, cut at {cut}, {o}, "
                   f"deaths {loader.stats()['worker_deaths']}, sent {dict(self.sent)}", flush=True)
         self.epochs += 1
-        self.batches += len(got)
+        self.batches += sum(g is not None for g in got)
         return loader
 
     def abandon(self, loader: DataLoader, o: dict[str, Any], want: list[int]) -> None:
         """Break out of a pass over the epoch after a random number of batches (the loop's own
         ``break``), as a trainer leaving an epoch early; the next ``iter()`` starts it afresh."""
         self.events["abandoned epochs"] += 1
-        got: list[int] = []
+        got: list[int | None] = []
         self.run_piece(loader, o, got, self.pick.randint(0, len(want) - 1))
-        fits = got == want[:len(got)] if o["in_order"] else not Counter(got) - Counter(want)
-        if not fits:
+        if not c.fits(want, got, o["in_order"], whole=False):
             self.problems.append(f"life {self.lives} epoch {self.epochs}: the abandoned pass's {len(got)} batches "
                                  f"are not batches due ({'in order' if o['in_order'] else 'any order'})")
 
-    def run_piece(self, loader: DataLoader, o: dict[str, Any], got: list[int], stop_at: int) -> None:
+    def run_piece(self, loader: DataLoader, o: dict[str, Any], got: list[int | None], stop_at: int) -> None:
         """Iterate ``loader`` into ``got`` until its epoch ends or ``got`` holds ``stop_at`` batches."""
         if not o["iterable"] and self.chance(self.a.event_rate):
             self.events["kills at the reset"] += 1
@@ -244,11 +253,13 @@ class Run:
         if len(got) == stop_at:
             return
         last = time.monotonic()
-        for batch in it:
+        for batch in c.planted_as_none(it, self.raised):
             if self.a.verbose and time.monotonic() - last > 1.0:
                 print(f"  batch {len(got)} took {time.monotonic() - last:.1f} s; sent {dict(self.sent)}", flush=True)
-            got.append(self.sum(batch))
-            self.hold(batch, got[-1])
+            checksum = None if batch is None else self.sum(batch)
+            got.append(checksum)
+            if checksum is not None:
+                self.hold(batch, checksum)
             del batch
             if len(got) == helper_at:  # not an iterable life's fork server: its workers' streams would die
                 self.kill_helper(o, "amid an epoch", fork_server=not o["iterable"])
@@ -302,11 +313,12 @@ class Run:
         if took > self.a.close_limit:
             self.problems.append(f"life {self.lives}: close() took {took:.1f} s")
 
-    def compare(self, want: list[int], got: list[int], ordered: bool) -> None:
-        if (got == want) if ordered else (Counter(got) == Counter(want)):
+    def compare(self, want: list[int], got: list[int | None], ordered: bool) -> None:
+        if c.fits(want, got, ordered):
             return
-        lost, extra = Counter(want) - Counter(got), Counter(got) - Counter(want)
-        first = next((k for k, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want), len(got)))
+        delivered = Counter(g for g in got if g is not None)
+        lost, extra = Counter(want) - delivered, delivered - Counter(want)
+        first = next((k for k, (w, g) in enumerate(zip(want, got)) if g not in (None, w)), min(len(want), len(got)))
         self.problems.append(f"life {self.lives} epoch {self.epochs}: {len(got)} batches for {len(want)}, "
                              f"{sum(lost.values())} lost, {sum(extra.values())} duplicated or corrupt, "
                              f"{'in order' if ordered else 'any order'}, first difference at batch {first}")
@@ -317,7 +329,12 @@ class Run:
         return (f"combos: {self.lives} loaders, {self.epochs} epochs, {self.batches} batches exactly once; "
                 f"{self.deaths} worker deaths survived; outside {tally(self.sent)}; planted {tally(self.planted)}; "
                 f"events {tally(self.events)}; slowest close() {self.slowest_close:.1f} s; "
-                f"methods {self.a.methods}, seed {self.a.seed}, {elapsed_s:.1f} s")
+                f"methods {self.a.methods}, seed {self.a.seed}, {elapsed_s:.1f} s{self.init_tally()}")
+
+    def init_tally(self) -> str:
+        if not self.a.init_fail_rate:
+            return ""
+        return f"; worker_init_fn failures raised {self.raised['init']} of {self.planted_inits} planted"
 
 
 def count_slot_sizes(events: Counter[str]) -> None:
@@ -352,6 +369,10 @@ def main(argv: list[str] | None = None) -> None:
             run.problems.append(f"{type(exc).__name__} in life {run.lives} epoch {run.epochs}: "
                                 f"{' '.join(str(exc).split())[:600]}")
         left = c.leftovers(helpers=frozenset(kl.helper_zombies(run.helpers)))
+        run.planted_inits = c.planted_init_failures(markers)  # before the markers go
+    if run.raised["init"] > run.planted_inits:
+        run.problems.append(f"{run.raised['init']} worker_init_fn failures raised, more than the "
+                            f"{run.planted_inits} planted")
     if left:
         run.problems.append("left behind: " + ", ".join(left))
     text = run.summary(time.monotonic() - started)

@@ -81,7 +81,7 @@ class Run:
 
     def __init__(self, args: argparse.Namespace, marker_dir: str) -> None:
         self.args = args
-        init = c.FlakyInit(args.init_fail_every, args.seed, marker_dir) if args.init_fail_every > 0 else None
+        init = c.FlakyInit(1 / args.init_fail_every, args.seed, marker_dir) if args.init_fail_every > 0 else None
         self.rng = np.random.default_rng(args.seed)
         self.pick = random.Random(args.seed)
         self.sampler = c.PlannedBatches()
@@ -93,7 +93,8 @@ class Run:
         self.injected: Counter[str] = Counter()
         self.planted: Counter[str] = Counter()
         self.pending_deaths = -1  # deaths count that an outside kill is waiting to see exceeded
-        self.batches = self.epochs = self.init_failures = self.planted_inits = 0
+        self.batches = self.epochs = self.planted_inits = 0
+        self.raised: Counter[str] = Counter()  # planted worker_init_fn failures the loader raised
         self.problems: list[str] = []
 
     def deaths(self) -> int:
@@ -108,17 +109,8 @@ class Run:
         self.sampler.plan = plan
         want = [c.expected_checksum(b) for b in plain]
         got: list[int | None] = []  # None: the batch whose task a planted worker_init_fn failure answered
-        it = iter(self.loader)
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            except c.PlantedInitFailure:
-                got.append(None)
-                self.init_failures += 1
-                continue
-            got.append(c.checksum(batch))
+        for batch in c.planted_as_none(iter(self.loader), self.raised):
+            got.append(None if batch is None else c.checksum(batch))
             del batch  # give the slot back before hurting a worker
             self.maybe_kill()
         self.compare(want, got)
@@ -143,7 +135,7 @@ class Run:
         self.pending_deaths = before
 
     def compare(self, want: list[int], got: list[int | None]) -> None:
-        if len(got) == len(want) and all(g is None or g == w for w, g in zip(want, got)):
+        if c.fits(want, got, ordered=True):
             return
         delivered = Counter(g for g in got if g is not None)
         lost, extra = Counter(want) - delivered, delivered - Counter(want)
@@ -163,7 +155,7 @@ class Run:
     def init_tally(self) -> str:
         if not self.args.init_fail_every:
             return ""
-        return f"; worker_init_fn failures raised {self.init_failures} of {self.planted_inits} planted"
+        return f"; worker_init_fn failures raised {self.raised['init']} of {self.planted_inits} planted"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,8 +177,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"{run.deaths()} deaths: {' '.join(str(exc).split())}")
         run.loader.close()
         run.planted_inits = c.planted_init_failures(markers)  # before the markers go
-        if run.init_failures > run.planted_inits:
-            run.problems.append(f"{run.init_failures} worker_init_fn failures raised, more than the "
+        if run.raised["init"] > run.planted_inits:
+            run.problems.append(f"{run.raised['init']} worker_init_fn failures raised, more than the "
                                 f"{run.planted_inits} planted")
     elapsed = time.monotonic() - started
     left = c.leftovers()

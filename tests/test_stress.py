@@ -103,3 +103,15 @@ def test_kill_workers_with_failing_worker_init_fn(method: str) -> None:
     raised, planted = map(int, re.search(r"worker_init_fn failures raised (\d+) of (\d+) planted", last).groups())  # type: ignore[union-attr]
     assert 1 <= raised <= planted, last
     assert "0 lost, 0 duplicated" in last
+
+
+@pytest.mark.timeout(150)
+def test_combos_with_failing_worker_init_fn() -> None:
+    """``--init-fail-rate``: worker starts (restarts included) whose ``worker_init_fn`` raises, amid
+    every other fault of the map-style lives; each such error is caught in the place of one batch,
+    no more are raised than planted, and every other batch arrives exactly once."""
+    last, _ = run("combos.py", "--seconds", "20", "--seed", "5", "--methods", "fork,forkserver",
+                  "--init-fail-rate", "0.3", "--iterable-share", "0", "--extra-share", "0", timeout_s=140)
+    assert "batches exactly once" in last
+    raised, planted = map(int, re.search(r"worker_init_fn failures raised (\d+) of (\d+) planted", last).groups())  # type: ignore[union-attr]
+    assert 1 <= raised <= planted, last

@@ -99,9 +99,12 @@ def run(spec_or_blob: WorkerSpec | bytes, worker_id: int, tasks: Connection, res
 
     ``death_signal``: the thread that forked this process lasts as long as its process, so the
     kernel may kill this worker when that thread ends (``lineage.watch_parent``). ``stop``: set by
-    the main process when it stops this worker; read before each message. ``nudge``: the write end
+    the main process when it stops this worker; read before each message (freed already as this
+    worker unpickled it: the main process has let go of it, so it exits at once). ``nudge``: the write end
     of the pool's nudge pipe (``PipeWatch.nudge``).
     """
+    if stop.freed:  # the main process let go of this worker while it was starting: nothing to do, nothing to say
+        os._exit(0)
     lineage.start(worker_id, parent_pid, death_signal)
     # what the pipes' descriptors name, read before any user code (the dataset's unpickling,
     # worker_init_fn) can take them: read after, a file opened onto a closed pipe's number passed
