@@ -316,3 +316,27 @@ def test_out_of_order_iterable_passes_over_full_and_exhausted_workers_as_torch_d
     assert [d.pick(t, held, exhausted) for t in range(2)] == [1, 2]  # worker 0 is full: passed over
     assert d.pick(2, [2, 2, 0], [False, True, False]) == 2  # worker 1's share ended
     assert d.pick(3, [2, 2, 2], [False, False, False]) is None and d.cursor == 0  # all full: cycle unchanged
+
+
+
+def test_a_worker_passed_over_keeps_its_per_task_seeds() -> None:
+    """With in_order=False an iterable dataset's task numbers follow timing (a full worker is passed
+    over), but per-task seeding numbers each worker's k-th task k * num_workers + w all the same."""
+    d = Dispatcher(3, 2, in_order=False, iterable=True)
+    held, seeds = [0, 0, 0], []
+
+    def send(task: int) -> None:
+        w = d.pick(task, held, [False] * 3)
+        assert w is not None
+        held[w] += 1
+        seeds.append((task, w, d.deal(w)))
+
+    for t in range(6):  # iter(): two tasks each, round-robin
+        send(t)
+    held[1] = held[2] = 0  # workers 1 and 2 answered both; worker 0 is slow: passed over
+    for t in range(6, 10):
+        send(t)
+    held[0] = 1  # worker 0 answered one: its third task
+    send(10)
+    assert seeds[:6] == [(t, t % 3, t) for t in range(6)]
+    assert seeds[6:] == [(6, 1, 7), (7, 2, 8), (8, 1, 10), (9, 2, 11), (10, 0, 6)]

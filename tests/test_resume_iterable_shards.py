@@ -5,12 +5,16 @@ An iterable dataset is resumed by making its first ``yielded`` batches again and
 (each worker iterates its own shard) and with ``in_order=True`` (an ``in_order=False`` epoch
 handed batches out in an arrival order no rerun repeats). Loaded otherwise, batches were lost and
 others repeated without a word; now ``load_state_dict`` refuses, naming both sides. Between epochs
-(no batch handed out yet) nothing is replayed, so any worker count and order loads.
+(no batch handed out yet) nothing is replayed, so any worker count and order loads. A state of an
+``in_order=True`` epoch loads into an ``in_order=False`` loader: the replay is dealt and dropped in
+order, then the epoch goes on in arrival order.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,3 +84,50 @@ def test_a_state_between_epochs_loads_with_any_worker_count(in_order: bool) -> N
     loader = _loader(1)
     loader.load_state_dict(state)
     assert sorted(int(b[0, 0]) for b in loader) == [0, 2, 4, 6, 8, 10]
+
+
+FORK = multiprocessing.get_context("fork")
+GATE_WAIT_S = 60.0
+
+
+class LateFirstWorker(shmloader.IterableDataset):
+    """``Shards`` over two workers, where worker 0 begins only once worker 1 is inside its second
+    batch (a semaphore: releasing it never blocks), so worker 1's first batch arrives first."""
+
+    def __init__(self) -> None:
+        self.gate = FORK.Semaphore(0)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        info = shmloader.get_worker_info()
+        assert info is not None and info.num_workers == 2
+        if info.id == 0 and not self.gate.acquire(timeout=GATE_WAIT_S):
+            raise TimeoutError("worker 1 never let worker 0 begin")
+        for i in range(info.id, 12, 2):
+            if i == 5:
+                self.gate.release()
+            yield np.array([i])
+
+
+def _late_first_loader(in_order: bool) -> shmloader.DataLoader[Any]:
+    return shmloader.DataLoader(LateFirstWorker(), batch_size=2, num_workers=2, in_order=in_order,
+                                multiprocessing_context="fork")
+
+
+@pytest.mark.timeout(120)
+def test_a_mid_epoch_state_resumes_exactly_in_an_unordered_loader() -> None:
+    """A state saved one batch into an ``in_order=True`` epoch (batch [0, 2], worker 0's first),
+    loaded into an ``in_order=False`` loader. The fast-forward made the first batches again and
+    dropped the first ``yielded`` to arrive: worker 1's [1, 3] here, so [1, 3] was lost and
+    [0, 2] handed out twice. Now the fast-forward deals and drops them in order (the saved epoch's
+    first batches), and the rest of the epoch comes in arrival order."""
+    saver = _late_first_loader(in_order=True)
+    it = iter(saver)
+    first = next(it).ravel().tolist()
+    state = it.state_dict()
+    saver.close()
+    assert first == [0, 2]
+    loader = _late_first_loader(in_order=False)
+    loader.load_state_dict(state)
+    rest = sorted(b.ravel().tolist() for b in loader)
+    loader.close()
+    assert rest == [[1, 3], [4, 6], [5, 7], [8, 10], [9, 11]]

@@ -141,6 +141,18 @@ def test_reorder_in_order_skips_and_out_of_order():
     assert [free.pop(), free.pop(), free.pop()] == ["late", "early", None]
 
 
+def test_reorder_switched_to_arrival_order_hands_out_what_waits_as_it_came():
+    r: Reorder[str] = Reorder(in_order=True)
+    r.put(2, "third")
+    r.put(1, "second")
+    r.skip(3)
+    assert r.pop() is None  # task 0 is due
+    r.arrival_order()  # a resumed unordered epoch's fast-forward ended
+    assert r.has_due() and [r.pop(), r.pop(), r.pop()] == ["third", "second", None]
+    r.put(0, "first")
+    assert r.pop() == "first" and not r.has_due()
+
+
 # -- segments: the owner's lock and the sweep (issue 15) ----------------------------------------
 
 

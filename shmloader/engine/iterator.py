@@ -187,6 +187,10 @@ class BaseIter:
                     raise
                 self._user_error = None
             self._fast_forward -= 1
+        self._forwarded()
+
+    def _forwarded(self) -> None:
+        """The resume's fast-forward is done (the multi-process iterator's order may change then)."""
 
     def _next_data(self) -> Any:
         raise NotImplementedError

@@ -118,12 +118,23 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
     # -- epoch life cycle ----------------------------------------------------------------------
     def _begin_epoch(self) -> None:
         self._epoch = self._record.epoch  # the loader's epoch number (restored on resume)
-        self._reorder: Reorder[tuple[TaskRecord, Any]] = Reorder(self._plan.in_order)
+        # a resumed iterable epoch replays the saved (in-order) epoch's first batches: dealt and
+        # handed out in order until its fast-forward is done, whatever in_order says (_forwarded)
+        ordered = self._plan.in_order or self._fast_forward > 0
+        self._reorder: Reorder[tuple[TaskRecord, Any]] = Reorder(ordered)
+        self._dispatcher.in_order = ordered
         self._sampler_done = False
         self._restarts = 0
         self._unbegun = set()  # before any Reset of the epoch: none (deaths.py)
         self._dispatcher.reset()
         self._state = IterState.RUNNING
+
+    def _forwarded(self) -> None:
+        """The fast-forward is done: with ``in_order=False`` the rest of the epoch is dealt and
+        handed out as torch's unordered loader does (a worker slow to answer is passed over)."""
+        if not self._plan.in_order:
+            self._reorder.arrival_order()
+            self._dispatcher.in_order = False
 
     def _reset(self, plan: Plan) -> None:
         """Next epoch on the same workers (persistent_workers); an abandoned epoch is reclaimed.

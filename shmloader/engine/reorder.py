@@ -3,7 +3,8 @@
 Owns the outcomes of tasks that finished but were not yet handed out. Promises: with
 ``in_order=True`` outcomes come out in task-number order, each once, and a task marked skipped
 (an iterable dataset's worker ran out) is passed over; with ``in_order=False`` they come out in
-arrival order. Task numbers start at 0 each epoch and every dispatched task gets exactly one
+arrival order (``arrival_order()`` switches an in-order buffer to it, as a resumed unordered
+epoch's fast-forward ends). Task numbers start at 0 each epoch and every dispatched task gets exactly one
 outcome, so the buffer never waits for a number that will not come.
 """
 
@@ -49,6 +50,11 @@ class Reorder(Generic[T]):
         self._arrivals.remove(self.next_due)
         self.next_due += 1
         return item
+
+    def arrival_order(self) -> None:
+        """From now on, outcomes come out in arrival order (those already here first, as they came)."""
+        self.in_order = False
+        self._skipped.clear()
 
     def has_due(self) -> bool:
         """Whether ``pop`` would return an item now."""
