@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--die-every", type=int, default=6, help="about one iterable worker in this many dies in __iter__")
     p.add_argument("--task-timeout", type=float, default=0.25)
     p.add_argument("--start-timeout", type=float, default=2.0,
-                   help="deadline of a worker's start-up (the library's floor is 30 s; see kill_workers.py)")
+                   help="deadline of a worker's start-up under fork, at least 10 s under spawn/forkserver, "
+                         "30 s with torch (the library's floor is 30 s; see kill_workers.py)")
     p.add_argument("--helper-rate", type=float, default=0.0,
                    help="chance per epoch of each of: a SIGKILL of the resource tracker or fork server "
                         "between epochs, and one amid the epoch")
@@ -142,8 +143,7 @@ class Run:
                       persistent_workers=o["persistent_workers"], multiprocessing_context=o["multiprocessing_context"],
                       on_worker_death="restart", max_restarts=1_000_000, task_timeout_s=a.task_timeout,
                       dispatch=o["dispatch"], task_seeding=o["task_seeding"])
-        # a torch-flavour worker imports torch as it starts: seconds, under spawn on a loaded machine
-        faults.START_TIMEOUT_FLOOR_S = max(a.start_timeout, 30.0) if o.get("torch") else a.start_timeout
+        faults.START_TIMEOUT_FLOOR_S = start_deadline(a.start_timeout, o)
         if o.get("stream"):
             return x.build_stream(o, common, a.samples, self.markers, a.die_every)
         if o.get("extra"):
@@ -352,6 +352,16 @@ def count_slot_sizes(events: Counter[str]) -> None:
 
     slot_size.SlotSize.grew_to = grew_to  # type: ignore[method-assign]
     slot_size.SlotSize._end_block = end_block  # type: ignore[method-assign]
+
+
+def start_deadline(asked: float, o: dict[str, Any]) -> float:
+    """A life's worker start-up deadline: ``--start-timeout`` under fork. A spawn or forkserver
+    worker imports numpy and shmloader as it starts (a torch-flavour one torch too): seconds each
+    on a loaded 2-core machine, where 2 s killed every replacement in turn until the epoch timed
+    out, so those get at least 10 s (30 s with torch). A hung start is still killed in every life."""
+    if o.get("torch"):
+        return max(asked, 30.0)
+    return asked if o["multiprocessing_context"] == "fork" else max(asked, 10.0)
 
 
 def main(argv: list[str] | None = None) -> None:
