@@ -91,6 +91,8 @@ def _events(make: Callable[[], Any], epochs: int, between: Callable[[Any, int], 
     events: list[Any] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        # Python 3.12+ at a fork while another thread of this process (a loader's, torch's) is alive
+        warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
 
         def take_warnings() -> None:
             events.extend(("warn", re.sub(r" at 0x[0-9a-f]+", "", str(w.message))) for w in caught)

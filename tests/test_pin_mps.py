@@ -41,6 +41,8 @@ def mps(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def _two_epochs(cls: type, num_workers: int, *filters: tuple[Literal["ignore"], str]) -> tuple[list[Any], list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        # Python 3.12+ at a fork while another thread of this process (a loader's, torch's) is alive
+        warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
         for action, module in filters:
             warnings.filterwarnings(action, module=module)
         loader = cls(tdata.TensorDataset(torch.arange(6.0)), batch_size=4, pin_memory=True, num_workers=num_workers)
