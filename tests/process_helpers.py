@@ -15,7 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
-SHARED_HELPERS = ("resource_tracker", "forkserver", "semaphore_tracker")
+# the modules the helpers run (``python -B -c "from multiprocessing.forkserver import main; ..."``):
+# a bare "forkserver" also matched a fork child whose command line names tests/test_forkserver_faults.py
+SHARED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
 
 
 def shared_helper(p: psutil.Process, cmdline: str, parent: int | None = None) -> bool:

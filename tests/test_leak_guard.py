@@ -113,3 +113,22 @@ def test_a_segment_left_by_a_process_that_died_is_found() -> None:
     finally:
         os.unlink(path)
     assert dead_owners_since(before) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_child_is_counted_though_the_test_command_names_a_helper() -> None:
+    # a fork child keeps this process's command line, which names the test files given to pytest
+    # ("tests/test_forkserver_faults.py"): only multiprocessing's own helper modules make a helper
+    from process_helpers import shared_helper
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "tests/test_forkserver_faults.py",
+                              "resource_tracker"], stdin=subprocess.PIPE)
+    try:
+        p = psutil.Process(child.pid)
+        assert not shared_helper(p, " ".join(p.cmdline()))
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(30)
+    tracker = "/usr/bin/python3 -B -c from multiprocessing.resource_tracker import main;main(7)"
+    assert shared_helper(psutil.Process(), tracker, parent=os.getppid())  # the helper's own command line still is
