@@ -6,9 +6,10 @@ nothing. Promises: a state loads only where its delivered task numbers mean the 
 difference printed with both sides in a ``StateError``; lengths alone may differ when the loaded
 objects' own states may change them (a curriculum level); an iterable dataset's epoch, which is
 resumed by making its first batches again and dropping them, loads mid-way only with the worker
-count that saved it and only from an ``in_order=True`` epoch (each worker iterates its own shard,
-and an unordered epoch's arrival order is not replayed: loaded otherwise, batches were lost and
-others repeated without a word, tests/test_resume_iterable_shards.py).
+count that saved it, and from an ``in_order=False`` epoch only with one worker or none, once its
+batches were handed out in task order (each worker iterates its own shard, and an unordered
+epoch's arrival order is not replayed: loaded otherwise, batches were lost and others repeated
+without a word, tests/test_resume_iterable_shards.py).
 """
 
 from __future__ import annotations
@@ -48,10 +49,7 @@ def check_config(loader: Any, state: Mapping[str, Any], lengths_may_follow: bool
     saved, current = state["config"], config_of(loader)
     mid_epoch = bool(state["in_progress"])
     if mid_epoch and current["iterable"] and saved.get("in_order") is False:
-        raise StateError("the state was saved inside an epoch of an iterable dataset loaded with in_order=False: "
-                         "its batches were handed out in an arrival order that a rerun does not repeat, so "
-                         "resuming it would lose some batches and repeat others; save with in_order=True, or "
-                         "between epochs", saved.get("in_order"), current["in_order"])
+        _check_unordered(saved, current, state["delivered"])
     ignored = {"in_order"} | (set() if mid_epoch else _MID_EPOCH)
     diff = [k for k in sorted(set(saved) | set(current)) if k not in ignored and saved.get(k) != current.get(k)]
     if diff and lengths_may_follow and set(diff) <= _LENGTHS:
@@ -65,6 +63,30 @@ def check_config(loader: Any, state: Mapping[str, Any], lengths_may_follow: bool
     if mid_epoch and total is not None and state["delivered"] and state["delivered"][-1][1] > total:
         raise StateError(f"the state says task {state['delivered'][-1][1] - 1} was delivered, but an epoch of "
                          f"this loader has {total} tasks", state["delivered"], total)
+
+
+def _check_unordered(saved: Mapping[str, Any], current: Mapping[str, Any], delivered: list[list[int]]) -> None:
+    """A state saved inside an ``in_order=False`` epoch of an iterable dataset: StateError unless
+    its resume is exact. Its fast-forward makes the first ``yielded`` tasks again in task order,
+    which are the batches handed out only where one worker (or none) ran the epoch, so that task t
+    is its stream's t-th batch, and they were handed out in task order: the delivered tasks are
+    ``[0, n)``. One worker hands a later batch out first while an earlier one's slot grows."""
+    workers = saved.get("num_workers")
+    if not isinstance(workers, int) or workers > 1:
+        raise StateError(f"the state was saved inside an epoch of an iterable dataset loaded with in_order=False "
+                         f"and num_workers={workers}: its batches were handed out in an arrival order that a rerun "
+                         "does not repeat, so resuming it would lose some batches and repeat others; save with "
+                         "in_order=True, with num_workers 0 or 1, or between epochs",
+                         saved.get("in_order"), current["in_order"])
+    if len(delivered) > 1 or (delivered and delivered[0][0] != 0):
+        missing = 0 if delivered[0][0] != 0 else delivered[0][1]
+        raise StateError(f"the state was saved inside an epoch of an iterable dataset loaded with in_order=False, "
+                         f"with its batches handed out not in task order (tasks delivered: {delivered}, as "
+                         f"[start, stop) ranges; task {missing} not yet: one worker hands a later batch out first "
+                         f"while an earlier one's slot grows to fit it), "
+                         f"so resuming it, which makes the first batches again in task order, would lose task "
+                         f"{missing} and repeat a later one; save once every earlier batch is handed out, with "
+                         "in_order=True, or between epochs", delivered, current["in_order"])
 
 
 def type_name(obj: Any) -> str:

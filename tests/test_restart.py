@@ -235,21 +235,27 @@ def _until_exited(pid: int, deadline_s: float = 10.0) -> None:
 def test_an_iterable_worker_whose_share_had_ended_is_replaced_not_fatal() -> None:
     """A worker of an IterableDataset that had reported the end of its share holds no position in
     the stream: its death loses nothing, yet it ended the epoch with WorkerDied under the restart
-    policy. It is replaced (and takes no task until the next epoch); every batch arrives once."""
+    policy. A persistent one is replaced (and takes no task until the next epoch, which it serves);
+    every batch arrives once. (Without persistent workers it is let go, not replaced:
+    tests/test_ended_worker_death.py.)"""
     loader: DataLoader[Any] = DataLoader(fd.UnevenStream(80, short=2), batch_size=2, num_workers=2,
-                                         multiprocessing_context="fork", on_worker_death="restart")
-    it = mp_iter(iter(loader))
-    firsts, killed = [], None
-    for batch in it:
-        firsts += (batch[:, 0] // 10).tolist()
-        w0 = it._pool.workers[0]
-        if killed is None and w0.exhausted and not w0.outstanding:  # its share has ended, and it knows
-            killed = w0.pid
-            os.kill(killed, signal.SIGKILL)
-            _until_exited(killed)  # so a wait for one of worker 1's later batches sees it
-    assert killed is not None
-    assert sorted(firsts) == sorted([0, 2, *range(1, 80, 2)])  # each sample once
-    assert loader.stats()["worker_restarts"] == 1
+                                         multiprocessing_context="fork", on_worker_death="restart",
+                                         persistent_workers=True)
+    expected = sorted([0, 2, *range(1, 80, 2)])
+    with loader:
+        it = mp_iter(iter(loader))
+        firsts, killed = [], None
+        for batch in it:
+            firsts += (batch[:, 0] // 10).tolist()
+            w0 = it._pool.workers[0]
+            if killed is None and w0.exhausted and not w0.outstanding:  # its share has ended, and it knows
+                killed = w0.pid
+                os.kill(killed, signal.SIGKILL)
+                _until_exited(killed)  # so a wait for one of worker 1's later batches sees it
+        assert killed is not None
+        assert sorted(firsts) == expected  # each sample once
+        assert loader.stats()["worker_restarts"] == 1
+        assert sorted(x for b in loader for x in (b[:, 0] // 10).tolist()) == expected  # its successor's share
 
 
 @pytest.mark.timeout(60)

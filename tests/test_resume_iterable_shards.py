@@ -2,10 +2,12 @@
 
 An iterable dataset is resumed by making its first ``yielded`` batches again and dropping them
 (docs/resume.md). That replays the same batches only with the worker count that saved the state
-(each worker iterates its own shard) and with ``in_order=True`` (an ``in_order=False`` epoch
-handed batches out in an arrival order no rerun repeats). Loaded otherwise, batches were lost and
-others repeated without a word; now ``load_state_dict`` refuses, naming both sides. Between epochs
-(no batch handed out yet) nothing is replayed, so any worker count and order loads. A state of an
+(each worker iterates its own shard) and with ``in_order=True`` (an ``in_order=False`` epoch of two
+workers or more handed batches out in an arrival order no rerun repeats). Loaded otherwise, batches
+were lost and others repeated without a word; now ``load_state_dict`` refuses, naming both sides.
+With one worker or none an ``in_order=False`` epoch hands batches out in task order, and its state
+loads, unless a later batch came first while an earlier one's slot grew. Between epochs (no batch
+handed out yet) nothing is replayed, so any worker count and order loads. A state of an
 ``in_order=True`` epoch loads into an ``in_order=False`` loader: the replay is dealt and dropped in
 order, then the epoch goes on in arrival order.
 """
@@ -131,3 +133,48 @@ def test_a_mid_epoch_state_resumes_exactly_in_an_unordered_loader() -> None:
     rest = sorted(b.ravel().tolist() for b in loader)
     loader.close()
     assert rest == [[1, 3], [4, 6], [5, 7], [8, 10], [9, 11]]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("loaded_in_order", [False, True])
+def test_an_unordered_epoch_of_one_worker_or_none_resumes_exactly(num_workers: int, loaded_in_order: bool) -> None:
+    """With one worker (or none) batches arrive in task order, in_order=False or not: the replay is
+    the batches handed out before the save. Such a state used to be refused as any unordered one."""
+    whole = [int(b[0, 0]) for b in _loader(num_workers, in_order=False)]
+    assert whole == [0, 2, 4, 6, 8, 10]
+    state = _mid_epoch_state(num_workers, in_order=False)
+    assert state["delivered"] == [[0, 2]] and state["yielded"] == 2
+    loader = _loader(num_workers, loaded_in_order)
+    loader.load_state_dict(state)
+    assert [int(b[0, 0]) for b in loader] == whole[2:]  # the uninterrupted run's rest, exactly
+    assert [int(b[0, 0]) for b in loader] == whole  # and the next epoch whole
+
+
+class BigFirst(shmloader.IterableDataset):
+    """Rows 0..5 one by one (``batch_size=None``); row 0 is 64 KiB, too large for a 4 KiB slot."""
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        yield np.zeros(1 << 13, dtype=np.int64)
+        yield from (np.array([i]) for i in range(1, 6))
+
+
+def _big_first_loader() -> shmloader.DataLoader[Any]:
+    return shmloader.DataLoader(BigFirst(), batch_size=None, num_workers=1, in_order=False, slot_bytes=4096)
+
+
+@pytest.mark.timeout(60)
+def test_an_unordered_state_whose_later_batch_came_first_is_refused_naming_the_tasks() -> None:
+    """One worker, in_order=False: task 0's slot grows while the worker answers task 1, which is
+    handed out first. A state saved then delivered task 1 and not task 0; the replay, one batch in
+    task order, would drop task 0 and hand task 1 out again."""
+    saver = _big_first_loader()
+    it = iter(saver)
+    assert int(next(it)[0]) == 1  # task 1 first: task 0 waits for its slot to grow
+    state = it.state_dict()
+    assert state["delivered"] == [[1, 2]]
+    saver.close()
+    loader = _big_first_loader()
+    with pytest.raises(StateError, match=r"not in task order.*delivered: \[\[1, 2\]\].*task 0"):
+        loader.load_state_dict(state)
+    loader.close()

@@ -10,7 +10,9 @@ task of an abandoned epoch is let go, never run again. An iterable dataset's wor
 only where it held no position in its stream: its share had ended and it kept no batch for a
 growing slot, or the death came before the epoch began for it: before it was sent the epoch's
 ``Reset`` (``_replace_dead_between_epochs``), before it acknowledged it (``ResetDone``: its
-successor is sent the same ``Reset``, then its tasks), or while it was still starting.
+successor is sent the same ``Reset``, then its tasks), or while it was still starting. Without
+persistent workers such a worker whose share had ended is no fault under any policy, nor replaced:
+it is let go (``_let_go``), as torch's has exited by then, told to once its end was read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from shmloader.engine.growth import Growths
 from shmloader.engine.ledger import Key, Ledger, TaskRecord
 from shmloader.engine.workers import WorkerHandle
 from shmloader.errors import describe_exit
+from shmloader.log import logger
 from shmloader.state import EpochRecord
 from shmloader.transport.messages import Reset
 
@@ -75,6 +78,9 @@ class RecoverDeaths:
         kept = self._kept_by(w)
         tasks = {**self._tasks_of(w), **{rec.task: rec.indices for rec in kept}}
         self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
+        if self._ended_for_good(w):
+            self._let_go(w, exitcode)
+            return
         starting = not w.ready
         head: Key | None = None
         if not starting and w.outstanding and w.outstanding[0][0] == self._epoch:
@@ -105,6 +111,27 @@ class RecoverDeaths:
             return False
         unbegun = before_epoch or not w.ready or w.id in self._unbegun
         return not unbegun and (not w.exhausted or bool(self._kept_by(w)))
+
+    def _ended_for_good(self, w: WorkerHandle) -> bool:
+        """Whether ``w``, dead, is owed nothing and owes nothing: an iterable worker whose share of
+        this epoch had ended (the main process read its end, and it kept no batch for a growing
+        slot), without persistent workers, so that no later epoch asks it for anything. torch's
+        such worker is told to exit as soon as its end is read; a kill from outside finds it gone
+        and the epoch ends whole (tests/test_ended_worker_death.py)."""
+        return self._iterable and not self._plan.persistent and w.exhausted and not self._kept_by(w)
+
+    def _let_go(self, w: WorkerHandle, exitcode: int | None) -> None:
+        """The death of an ended worker (``_ended_for_good``): not an error, and no successor, under
+        either policy. Each task dealt to it after its end and not yet answered is passed over, as
+        its ``Exhausted`` would have been; the worker is reaped and never polled again."""
+        logger.warning("worker %d (pid %s) died with %s after its share of the epoch had ended: nothing was "
+                       "lost, and it is not replaced", w.id, w.pid, describe_exit(exitcode))
+        for rec in list(self._ledger.records(w.outstanding)):
+            w.pop(rec.key)
+            self._ledger.release(rec)
+            if rec.epoch == self._epoch:
+                self._ran_out(rec.task)
+        self._pool.retire(w.id)
 
     def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
         """This epoch's tasks of ``w`` waiting for their slot to grow: ``w`` keeps each one's batch

@@ -139,6 +139,8 @@ class WaitAndRecover(RecoverDeaths):
         if self._poll_set is None or self._poll_set[0] != generation:
             by_fd: dict[int, tuple[WorkerHandle, bool | None]] = {}
             for w in self._pool.workers:
+                if w.retired:
+                    continue  # dead, its pipes closed, nothing more to say (deaths.py)
                 by_fd[w.results.fileno()] = (w, False)
                 by_fd[w.exit_fd] = (w, True)  # its pidfd where there is one: engine/exits.py
             self._poll_set = (generation, self._new_poll(by_fd), by_fd)

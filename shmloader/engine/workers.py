@@ -122,6 +122,9 @@ class WorkerHandle:
     # Under forkserver, the pid of the fork server that started it (0 otherwise): its exit status dies
     # with that server (exits.fork_server_gone), and a death is then reported as unknown
     fork_server: int = 0
+    # Dead and reaped, kept in its place without a successor (``WorkerPool.retire``): an iterable
+    # worker whose share of a non-persistent epoch had ended. Never polled, never dealt a task.
+    retired: bool = False
 
     def __post_init__(self) -> None:
         self.replies = wire.FrameReader(self.results.fileno())
@@ -336,6 +339,15 @@ class WorkerPool:
         new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
         logger.info("worker %d restarted (pid %s replaces %s)", worker_id, new.pid, old.pid)
         return new
+
+    def retire(self, worker_id: int) -> None:
+        """Reap the dead worker at ``worker_id`` and start no successor: its handle stays in its
+        place, ``retired``, its pipes closed, until ``shutdown``."""
+        w = self.workers[worker_id]
+        reap(w)
+        w.retired = True
+        self.generation += 1  # a poll set over its closed pipes is rebuilt
+        logger.info("worker %d (pid %s) retired: its share had ended", worker_id, w.pid)
 
     def broadcast(self, msg: Any) -> None:
         for w in self.workers:
