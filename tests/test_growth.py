@@ -176,7 +176,7 @@ class _Engine(WaitAndRecover):
         self._growths = Growths(self._ledger)
         self.replies_r, self.replies_w = multiprocessing.Pipe(duplex=False)
         self._quiet_r, self._quiet_w = os.pipe()
-        worker = SimpleNamespace(id=0, results=self.replies_r, exit_fd=self._quiet_r)
+        worker = SimpleNamespace(id=0, results=self.replies_r, exit_fd=self._quiet_r, retired=False)
         self._pool = SimpleNamespace(workers=[worker], generation=0)
         self._guard = StepGuard()
         self.sent: list[tuple[int, int]] = []
