@@ -208,16 +208,16 @@ def test_loader_replies_larger_than_one_read_arrive_whole():
 
 
 def test_worker_task_frames_in_order_then_quiet_then_closed():
-    from shmloader.worker.main import _QUIET, _TaskFrames
+    from shmloader.worker.task_frames import QUIET, TaskFrames
 
     recv, send = Pipe(duplex=False)
     try:
-        frames = _TaskFrames(recv)
+        frames = TaskFrames(recv)
         send.send_bytes(wire.task_frame(0, 1, [1], 0, "s", 4096, None))
         send.send(None)  # a plain pickled message behind a tagged one, both in one read
         assert wire.decode(frames.next(5.0)).task == 1
         assert wire.decode(frames.next(5.0)) is None
-        assert frames.next(0.01) is _QUIET
+        assert frames.next(0.01) is QUIET
         send.close()
         assert frames.next(5.0) is None
     finally:

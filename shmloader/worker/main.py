@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import select
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -68,7 +66,7 @@ from shmloader.worker.fetch import IterableFetcher, MapFetcher
 from shmloader.worker.lineage import PARENT_CHECK_S
 from shmloader.worker.pipes import PipeWatch
 from shmloader.worker.stop import StopFlag
-
+from shmloader.worker.task_frames import QUIET, TaskFrames
 
 
 @dataclass
@@ -135,7 +133,7 @@ def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection,
     (``PipeWatch.nudge``): the main process may be asleep on another worker's pipe. ``watch``: what
     the pipes' descriptors named as the worker started (``run``), before user code could take them;
     by default what they name now."""
-    frames = _TaskFrames(tasks)
+    frames = TaskFrames(tasks)
     if watch is None:
         watch = PipeWatch(lineage.worker_id(), tasks.fileno(), results.fileno())
 
@@ -148,7 +146,7 @@ def serve(worker: _Worker | FailedStart, tasks: Connection, results: Connection,
     while True:
         lineage.leave_if_forked()  # a child forked in reset()'s user code: never reads the worker's tasks
         frame = frames.next(PARENT_CHECK_S)
-        if frame is _QUIET:  # also a stop whose message the main process could not write (a full pipe)
+        if frame is QUIET:  # also a stop whose message the main process could not write (a full pipe)
             watch.check()
             if stopped(False) or os.getppid() != ppid or not lineage.alive(main_pid):
                 return
@@ -211,32 +209,6 @@ def _send(conn: Connection, msg: Any) -> None:
         wire.write_frame(conn.fileno(), wire.reply_frame(msg))
     except (BrokenPipeError, EOFError, OSError):
         os._exit(0)
-
-
-_QUIET: Any = object()  # no frame within the wait: time to check on the main process
-
-
-class _TaskFrames:
-    """The frames on the task pipe, in order: one ``select.poll`` kept for the worker's life and
-    one read for every frame that has arrived (issue 16), where ``Connection.poll`` builds a
-    selector per call and ``recv_bytes`` reads twice per message."""
-
-    def __init__(self, tasks: Connection) -> None:
-        self._reader = wire.FrameReader(tasks.fileno())
-        self._poller = select.poll()
-        self._poller.register(tasks.fileno(), select.POLLIN)
-        self._ready: deque[bytes] = deque()
-
-    def next(self, timeout_s: float) -> Any:
-        """The next frame; ``_QUIET`` when none came within ``timeout_s``; None once the pipe is closed."""
-        while not self._ready:
-            if not self._poller.poll(timeout_s * 1000):
-                return _QUIET
-            try:
-                self._ready.extend(self._reader.read())
-            except (EOFError, OSError):
-                return None
-        return self._ready.popleft()
 
 
 class _Worker:
