@@ -21,6 +21,8 @@ from typing import Any
 
 import psutil
 
+import _common as c
+
 
 def live_workers() -> list[int]:
     """Our workers' pids, read with psutil (which reaps nothing, so it may run beside the loader's own
@@ -29,7 +31,7 @@ def live_workers() -> list[int]:
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
-            if "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == os.getpid()):
+            if c.is_helper(p, cmd):
                 continue
         except psutil.Error:
             continue

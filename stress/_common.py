@@ -169,6 +169,15 @@ def worker_pids() -> list[int]:
     return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
 
 
+def is_helper(p: psutil.Process, cmd: str) -> bool:
+    """Whether ``p`` (command line ``cmd``) is multiprocessing's resource tracker or this process's
+    fork server. Known by their modules, not by a bare word: a fork worker keeps this script's
+    command line, which may name the start methods (``--methods fork,forkserver``), and a
+    forkserver worker the fork server's (it is the server's child, not ours)."""
+    return "multiprocessing.resource_tracker" in cmd or (
+        "multiprocessing.forkserver" in cmd and p.ppid() == os.getpid())
+
+
 def leftovers(shm_dir: str = "/dev/shm", helpers: frozenset[int] = frozenset()) -> list[str]:
     """Child processes and segments of ours still present. Multiprocessing's resource tracker and
     forkserver (started once, they live as long as this process) are not leftovers, nor are the
@@ -179,8 +188,7 @@ def leftovers(shm_dir: str = "/dev/shm", helpers: frozenset[int] = frozenset()) 
             continue
         try:
             cmd = " ".join(p.cmdline())
-            ours = "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == os.getpid())
-            if ours and p.status() != psutil.STATUS_ZOMBIE:
+            if is_helper(p, cmd) and p.status() != psutil.STATUS_ZOMBIE:
                 continue
             found.append(f"process {p.pid} ({p.status()})")
         except psutil.NoSuchProcess:
