@@ -55,10 +55,11 @@ class RecoverDeaths:
     # read nothing of the epoch's stream yet (set by MultiProcessIter as it broadcasts the Reset)
     _unbegun: set[int]
 
-    def _tasks_of(self, w: WorkerHandle | None) -> dict[int, Any]:
-        """Task number → sample indices of this epoch's tasks held by ``w`` (None: by every worker)."""
+    def _tasks_of(self, w: WorkerHandle | None, abandoned: bool = False) -> dict[int, Any]:
+        """Task number → sample indices of this epoch's tasks held by ``w`` (None: by every worker);
+        ``abandoned``: of earlier epochs' tasks instead, which the workers still run."""
         return {rec.task: rec.indices for rec in self._ledger.records(None if w is None else w.outstanding)
-                if rec.epoch == self._epoch}
+                if (rec.epoch != self._epoch) == abandoned}
 
     def _replace_dead_between_epochs(self) -> None:
         """Persistent workers that died since the last wait (killed while the trainer validated,
@@ -78,7 +79,7 @@ class RecoverDeaths:
         kept = self._kept_by(w)
         tasks = {**self._tasks_of(w), **{rec.task: rec.indices for rec in kept}}
         self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
-        if self._ended_for_good(w):
+        if self._ended_for_good(w, kept):
             self._let_go(w, exitcode)
             return
         starting = not w.ready
@@ -112,13 +113,14 @@ class RecoverDeaths:
         unbegun = before_epoch or not w.ready or w.id in self._unbegun
         return not unbegun and (not w.exhausted or bool(self._kept_by(w)))
 
-    def _ended_for_good(self, w: WorkerHandle) -> bool:
+    def _ended_for_good(self, w: WorkerHandle, kept: list[TaskRecord]) -> bool:
         """Whether ``w``, dead, is owed nothing and owes nothing: an iterable worker whose share of
         this epoch had ended (the main process read its end, and it kept no batch for a growing
-        slot), without persistent workers, so that no later epoch asks it for anything. torch's
+        slot: ``kept``, ``_kept_by(w)``), without persistent workers, so that no later epoch asks it
+        for anything. torch's
         such worker is told to exit as soon as its end is read; a kill from outside finds it gone
         and the epoch ends whole (tests/test_ended_worker_death.py)."""
-        return self._iterable and not self._plan.persistent and w.exhausted and not self._kept_by(w)
+        return self._iterable and not self._plan.persistent and w.exhausted and not kept
 
     def _let_go(self, w: WorkerHandle, exitcode: int | None) -> None:
         """The death of an ended worker (``_ended_for_good``): not an error, and no successor, under

@@ -76,29 +76,30 @@ class Dispatcher:
             if self.in_order:  # torch: task t to worker t % n, however busy the others are
                 w = task % n
                 return w if held[w] < self.prefetch else None
-            for _ in range(n):  # torch's in_order=False: the same cycle, passing over a full worker
-                w = self.cursor % n
-                self.cursor = (self.cursor + 1) % n
-                if held[w] < self.prefetch:
-                    return w
-            return None
+            return self._next_with_room(held)  # torch's in_order=False: the same cycle, passing over a full worker
         w = min(((self.cursor + i) % n for i in range(n)), key=lambda i: held[i])
         return self._take(w, held)
 
     def _pick_iterable(self, held: Sequence[int], exhausted: Sequence[bool]) -> int | None:
         n = len(held)
         if not self.in_order:  # torch's in_order=False: the cycle passes over ended and full workers
-            for _ in range(n):
-                w = self.cursor % n
-                self.cursor = (self.cursor + 1) % n
-                if not exhausted[w] and held[w] < self.prefetch:
-                    return w
-            return None
+            return self._next_with_room(held, exhausted)
         for _ in range(n):
             w = self.cursor % n
             if not exhausted[w]:
                 return self._take(w, held)
             self.cursor += 1
+        return None
+
+    def _next_with_room(self, held: Sequence[int], exhausted: Sequence[bool] | None = None) -> int | None:
+        """The next worker of the cycle with room for a task (and, given ``exhausted``, data left),
+        the cursor moved past it; None when there is none."""
+        n = len(held)
+        for _ in range(n):
+            w = self.cursor % n
+            self.cursor = (self.cursor + 1) % n
+            if held[w] < self.prefetch and not (exhausted is not None and exhausted[w]):
+                return w
         return None
 
     def _take(self, w: int, held: Sequence[int]) -> int | None:

@@ -100,6 +100,9 @@ def fork_server() -> int:
     return getattr(forkserver._forkserver, "_forkserver_pid", None) or 0
 
 
+SERVER_DYING_S = 1.0  # how long a fork server still shown running is given to end (fork_server_gone)
+
+
 def fork_server_gone(pid: int) -> bool:
     """Whether the fork server ``pid`` (a child of this process, which only CPython reaps) has died:
     no such process, a zombie, or no longer our child. Under forkserver a worker's exit status comes
@@ -126,8 +129,6 @@ def fork_server_gone(pid: int) -> bool:
         os.close(fd)
     return _server_gone_now(pid)
 
-
-SERVER_DYING_S = 1.0
 
 
 def _server_gone_now(pid: int) -> bool:

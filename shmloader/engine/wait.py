@@ -348,9 +348,8 @@ class WaitAndRecover(RecoverDeaths):
             if not kept:
                 raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
             # the step loop lets a kept timeout through (_plan.persistent), the iterator still running
-            abandoned = {rec.task: rec.indices for rec in self._ledger.records() if rec.epoch != self._epoch}
             raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True, caller=self.caller,
-                                   abandoned=abandoned)
+                                   abandoned=self._tasks_of(None, abandoned=True))
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
         """Kill ``w``, which held a task past its deadline when the wait timed out, unless the

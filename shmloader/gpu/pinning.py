@@ -288,13 +288,10 @@ def warn_if_unpinned(loader: Any, stacklevel: int = 3) -> None:
     backend that does not pin for it: the words would be false). The frame ``stacklevel`` names
     is the loader's ``_get_iterator`` (torch's iterator warns from its own module); the torch
     flavour names torch's module there (shmloader/warning_origin.py)."""
-    if not loader.pin_memory or loader._pin.warned or will_pin(loader):
-        return
-    mps = accelerator_type() == "mps"
-    if accelerator_available() and not mps:
+    if not loader.pin_memory or loader._pin.warned or will_pin(loader) or torch_pins():
         return
     loader._pin.warned = True
-    warn(MPS_UNSUPPORTED if mps else NO_ACCELERATOR, stacklevel=stacklevel,
+    warn(MPS_UNSUPPORTED if accelerator_type() == "mps" else NO_ACCELERATOR, stacklevel=stacklevel,
          torch_module=getattr(loader, "_warning_module", None))
 
 
