@@ -158,7 +158,7 @@ class DataLoader(Generic[T_co]):
         """What each loader object makes for itself, at construction and when unpickled or copied."""
         self._plugins = build_plugin_manager(self._user_plugins)
         self._events = Events(self._plugins)
-        self._pin = pinning.PinState()  # the one pin backend (chosen with the first ring) and its warning
+        self._pin = pinning.PinState()  # the one pin backend, chosen with the first ring
         self._book = EpochBook(self)  # epochs, the latest record, a loaded resume (state.py's)
         self._iterator: BaseIter | None = None  # the persistent iterator
         self._live = LiveIterators()  # every iterator close() must stop, those being built included
@@ -359,4 +359,4 @@ class DataLoader(Generic[T_co]):
             warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                  f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=2,
                  torch_module=self._warning_module)
-        pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, once per loader
+        pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, at each iterator as torch's

@@ -139,8 +139,8 @@ def test_a_filter_on_torchs_module_silences_ours_as_it_silences_torchs(monkeypat
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_error_filter_on_torchs_module_raises_at_the_same_call(monkeypatch: pytest.MonkeyPatch,
                                                                   case: str) -> None:
-    """The first epoch: "no accelerator" is warned once per loader by shmloader, at each ``iter()``
-    by torch, so under ``"error"`` torch raises at each ``iter()``, shmloader at the first (docs/gpu.md)."""
+    """Two epochs: "no accelerator" and ``pin_memory_device`` are warned at each ``iter()`` by both,
+    so under ``"error"`` both raise at each ``iter()`` (docs/gpu.md)."""
     if not _warns_here(case):
         pytest.skip("torch sees an accelerator here")
     make, one_cpu = CASES[case]
@@ -150,7 +150,7 @@ def test_an_error_filter_on_torchs_module_raises_at_the_same_call(monkeypatch: p
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.filterwarnings("error", module=TORCH_MODULE)
-            outcomes.append(_epochs(lambda: make(cls), epochs=1))  # noqa: B023  (called at once)
+            outcomes.append(_epochs(lambda: make(cls)))  # noqa: B023  (called at once)
     theirs, ours = outcomes
     assert any(":" in step for step in theirs), theirs  # torch raised it somewhere
     assert ours == theirs
