@@ -224,3 +224,22 @@ def test_a_direct_check_of_the_worker_number_names_the_callers_module_in_both(mo
                 warnings.filterwarnings(action, module=here)
                 loader.check_worker_number_rationality()
             assert len(caught) == expected, (cls, action)
+
+
+@pytest.mark.timeout(120)
+def test_iter_warns_of_the_worker_number_before_pinning_as_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's ``_get_iterator`` checks the worker number, then makes the iterator, whose
+    ``__init__`` gives the pin warnings: under ``always`` the words come in that order in both
+    flavours, so an ``"error"`` filter on one of them finds the others given before it as torch's."""
+    if not NO_ACCELERATOR:
+        pytest.skip("torch sees an accelerator here")
+    _one_cpu(monkeypatch, True)
+
+    def make(cls: type) -> Any:
+        return cls(Rows(), batch_size=2, num_workers=2, pin_memory=True, pin_memory_device="cpu")
+
+    theirs = _recorded(lambda: make(tdata.DataLoader))
+    each_iter = ["This", "pin_memory_device", "'pin_memory'"]  # what torch 2.13 gives, in its order
+    assert [w.split(" ")[0] for w in theirs] == ["This"] + each_iter * 2, theirs  # construction, two iter()
+    assert _recorded(lambda: make(st.DataLoader)) == theirs
+    assert _recorded(lambda: make(shmloader.DataLoader)) == theirs
