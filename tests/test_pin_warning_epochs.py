@@ -4,13 +4,14 @@ torch gives "'pin_memory' argument is set as true but no accelerator is found" i
 ``_BaseDataLoaderIter.__init__``, so at each iterator it makes: every ``iter(loader)``, but only the
 first with ``persistent_workers=True`` (later epochs ``_reset`` the same iterator). Under
 ``warnings.simplefilter("always")`` both loaders give it as many times over three epochs, the numpy
-flavour too (its words are torch's, docs/gpu.md).
+flavour too (its words are torch's, docs/gpu.md). Under Python's default filter both show it once
+per code location, so once.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -33,10 +34,11 @@ OPTIONS: dict[str, dict[str, Any]] = {  # name -> the loader's options besides p
 }
 
 
-def _warnings_over_epochs(cls: type, dataset: Any, options: dict[str, Any]) -> list[str]:
-    """The words of each pin warning ``EPOCHS`` epochs give under ``always``."""
+def _warnings_over_epochs(cls: type, dataset: Any, options: dict[str, Any],
+                          action: Literal["always", "default"] = "always") -> list[str]:
+    """The words of each pin warning ``EPOCHS`` epochs give under ``action``."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter(action)
         loader = cls(dataset, batch_size=2, pin_memory=True, **options)
         try:
             batches = sum(1 for _ in range(EPOCHS) for _batch in loader)
@@ -60,3 +62,10 @@ def test_no_accelerator_warns_at_each_iterator_as_torchs(case: str) -> None:
     assert ours == theirs
     numpy_flavour = _warnings_over_epochs(shmloader.DataLoader, [np.float32(i) for i in range(4)], options)
     assert numpy_flavour == theirs
+
+
+@pytest.mark.timeout(120)
+def test_the_default_filter_shows_it_once_as_torchs() -> None:
+    dataset = tdata.TensorDataset(torch.arange(4.0))
+    for cls in (tdata.DataLoader, st.DataLoader):
+        assert _warnings_over_epochs(cls, dataset, OPTIONS["workers"], "default") == [pinning.NO_ACCELERATOR], cls
