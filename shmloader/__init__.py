@@ -46,6 +46,7 @@ from shmloader.samplers import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from shmloader.warning_types import ShmloaderWarning
 from shmloader.worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
@@ -53,7 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
     "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderClosed", "LoaderError", "PluginError", "PoisonTask", "RandomSampler",
-    "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "StackDataset", "StateError",
+    "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "ShmloaderWarning", "StackDataset", "StateError",
     "Subset", "SubsetRandomSampler", "TensorDataset", "TooManyOpenFiles", "WeightedRandomSampler", "WorkerDied", "WorkerHung",
     "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert", "get_worker_info", "hookimpl", "random_split",
     "to_device", "__version__",

@@ -7,7 +7,8 @@ the environment is read at call time, never at import; a variable's text is pars
 once, strictly, and a bad value raises :class:`~shmloader.errors.ConfigError` naming the variable,
 the value and what is accepted; an explicit argument always wins and is kept as given (torch's own
 options are validated by the loader in torch's words; shmloader's own options are checked here);
-an unknown ``SHMLOADER_*`` name draws one warning that suggests the closest valid variable.
+an unknown ``SHMLOADER_*`` name draws one warning (a :class:`ConfigWarning`, one of
+``shmloader.warning_types``) that suggests the closest valid variable.
 
 Four environment values only make sense with worker processes: ``SHMLOADER_PREFETCH_FACTOR``,
 ``SHMLOADER_PERSISTENT_WORKERS``, ``SHMLOADER_START_METHOD`` and ``SHMLOADER_TIMEOUT`` are ignored
@@ -26,6 +27,7 @@ from typing import Any, NamedTuple
 
 from shmloader.config_fields import FIELDS, FIELDS_BY_NAME, Field
 from shmloader.transport.segment import DEFAULT_SHM_DIR
+from shmloader.warning_types import ConfigWarning
 
 __all__ = [
     "Config",
@@ -45,10 +47,6 @@ ARGUMENT, ENVIRONMENT, DEFAULT = "argument", "environment", "default"
 _WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout")
 # Variables read elsewhere (bench, tests) that are not loader options; see register_variable().
 _OTHER_VARIABLES: dict[str, str] = {}
-
-
-class ConfigWarning(UserWarning):
-    """A ``SHMLOADER_*`` variable that nothing reads (most likely a misspelling)."""
 
 
 @dataclass(frozen=True)

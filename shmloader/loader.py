@@ -158,7 +158,7 @@ class DataLoader(Generic[T_co]):
         """What each loader object makes for itself, at construction and when unpickled or copied."""
         self._plugins = build_plugin_manager(self._user_plugins)
         self._events = Events(self._plugins)
-        self._pin = pinning.PinState()  # the one pin backend (chosen with the first ring) and its warning
+        self._pin = pinning.PinState()  # the one pin backend, chosen with the first ring
         self._book = EpochBook(self)  # epochs, the latest record, a loaded resume (state.py's)
         self._iterator: BaseIter | None = None  # the persistent iterator
         self._live = LiveIterators()  # every iterator close() must stop, those being built included
@@ -251,13 +251,15 @@ class DataLoader(Generic[T_co]):
     def _get_iterator(self) -> BaseIter:
         """A new iterator, admitted to ``_live`` before it starts anything (engine/live.py)."""
         ticket = self._live.ticket()  # a close() from here on stops what this call starts, or refuses it
+        pinning.check_requested(self)  # a bad SHMLOADER_PIN_BACKEND raises with workers or without
+        if self.num_workers > 0:  # torch's order: this check, then its iterator's pin warnings
+            self.check_worker_number_rationality()
         self._warn_pinning()
         with self._book.starting():  # an iterator that fails to start starts no epoch
             if self.num_workers == 0:
                 it: BaseIter = SingleProcessIter(self._plan())
                 self._live.admit(it, ticket)  # it started nothing: a refused one is just dropped
             else:
-                self.check_worker_number_rationality()
                 with limits_named(self.num_workers):  # a bare "Too many open files": which limit, what to do
                     from shmloader.engine.mp_iterator import MultiProcessIter
 
@@ -354,9 +356,8 @@ class DataLoader(Generic[T_co]):
         return self.multiprocessing_context or multiprocessing.get_context()
 
     def _warn_pinning(self) -> None:
-        pinning.check_requested(self)  # a bad SHMLOADER_PIN_BACKEND raises with workers or without
         if self.pin_memory and self.pin_memory_device:  # named by _get_iterator's frame, as torch's by its iterator's
             warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                  f"ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=2,
                  torch_module=self._warning_module)
-        pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, once per loader
+        pinning.warn_if_unpinned(self)  # torch's "no accelerator" warning, at each iterator as torch's

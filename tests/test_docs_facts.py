@@ -184,7 +184,7 @@ def exception_trees() -> list[tuple[Path, list[tuple[str | None, str]]]]:
     for doc in DOCS:
         for block in fenced_blocks(doc.read_text(encoding="utf-8")):
             first = next((line.strip() for line in block if line.strip()), "")
-            if first in ("RuntimeError", "Exception", "ValueError"):
+            if first in ("RuntimeError", "Exception", "ValueError", "UserWarning"):
                 trees.append((doc, tree_edges(block)))
     return trees
 

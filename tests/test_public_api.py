@@ -12,7 +12,7 @@ import shmloader
 EXPECTED = {
     "ArrayDataset", "BatchSampler", "ChainDataset", "ConcatDataset", "ConfigError", "DataLoader", "Dataset",
     "DescriptorError", "DistributedSampler", "IterableDataset", "LoaderClosed", "LoaderError", "PluginError", "PoisonTask",
-    "RandomSampler", "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError",
+    "RandomSampler", "RestartBudgetExceeded", "RingExhausted", "Sampler", "SequentialSampler", "ShmSpaceError", "ShmloaderWarning",
     "StackDataset", "StateError", "Subset", "SubsetRandomSampler", "TensorDataset", "TooManyOpenFiles",
     "WeightedRandomSampler",
     "WorkerDied", "WorkerHung", "WorkerInfo", "WorkerTimeout", "default_collate", "default_convert",

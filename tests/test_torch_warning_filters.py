@@ -139,8 +139,8 @@ def test_a_filter_on_torchs_module_silences_ours_as_it_silences_torchs(monkeypat
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_error_filter_on_torchs_module_raises_at_the_same_call(monkeypatch: pytest.MonkeyPatch,
                                                                   case: str) -> None:
-    """The first epoch: "no accelerator" is warned once per loader by shmloader, at each ``iter()``
-    by torch, so under ``"error"`` torch raises at each ``iter()``, shmloader at the first (docs/gpu.md)."""
+    """Two epochs: "no accelerator" and ``pin_memory_device`` are warned at each ``iter()`` by both,
+    so under ``"error"`` both raise at each ``iter()`` (docs/gpu.md)."""
     if not _warns_here(case):
         pytest.skip("torch sees an accelerator here")
     make, one_cpu = CASES[case]
@@ -150,7 +150,7 @@ def test_an_error_filter_on_torchs_module_raises_at_the_same_call(monkeypatch: p
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.filterwarnings("error", module=TORCH_MODULE)
-            outcomes.append(_epochs(lambda: make(cls), epochs=1))  # noqa: B023  (called at once)
+            outcomes.append(_epochs(lambda: make(cls)))  # noqa: B023  (called at once)
     theirs, ours = outcomes
     assert any(":" in step for step in theirs), theirs  # torch raised it somewhere
     assert ours == theirs
@@ -224,3 +224,22 @@ def test_a_direct_check_of_the_worker_number_names_the_callers_module_in_both(mo
                 warnings.filterwarnings(action, module=here)
                 loader.check_worker_number_rationality()
             assert len(caught) == expected, (cls, action)
+
+
+@pytest.mark.timeout(120)
+def test_iter_warns_of_the_worker_number_before_pinning_as_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's ``_get_iterator`` checks the worker number, then makes the iterator, whose
+    ``__init__`` gives the pin warnings: under ``always`` the words come in that order in both
+    flavours, so an ``"error"`` filter on one of them finds the others given before it as torch's."""
+    if not NO_ACCELERATOR:
+        pytest.skip("torch sees an accelerator here")
+    _one_cpu(monkeypatch, True)
+
+    def make(cls: type) -> Any:
+        return cls(Rows(), batch_size=2, num_workers=2, pin_memory=True, pin_memory_device="cpu")
+
+    theirs = _recorded(lambda: make(tdata.DataLoader))
+    each_iter = ["This", "pin_memory_device", "'pin_memory'"]  # what torch 2.13 gives, in its order
+    assert [w.split(" ")[0] for w in theirs] == ["This"] + each_iter * 2, theirs  # construction, two iter()
+    assert _recorded(lambda: make(st.DataLoader)) == theirs
+    assert _recorded(lambda: make(shmloader.DataLoader)) == theirs

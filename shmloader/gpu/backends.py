@@ -24,7 +24,7 @@ points do nothing (``fence`` gives None, an event's ``query`` True) and explicit
 (``copy``, ``new_stream``) raises ``ForeignProcessError``; no accelerator call is ever made there.
 Promises: each segment is registered at most once and unregistered at most once, and only what
 was registered is unregistered; ``unregister_segment`` never raises (the ring calls it while it
-closes); a failed registration warns once and leaves the batch correct but unpinned. The torch
+closes); a failed registration warns once (a ``PinWarning``, also a ``RuntimeWarning``) and leaves the batch correct but unpinned. The torch
 transfer allocates each batch's device memory on the caller's stream and calls no
 ``record_stream``, so freeing a moved batch never needs the device (not even in a forked child).
 Importing this module imports neither torch nor cupy. Also here: the helpers every backend
@@ -47,6 +47,7 @@ from shmloader.kept import call_each
 from shmloader.log import logger
 from shmloader.owner import ProcessOwner
 from shmloader.transport.segment import Segment
+from shmloader.warning_types import PinWarning
 
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, as torch uses
 
@@ -157,7 +158,7 @@ class RegisteringBackend(Owned):
                 self.warned = True
                 warnings.warn(f"shmloader could not pin slot memory with the {self.name} backend ({problem}); "
                               "batches stay correct but unpinned, so device copies are not asynchronous.",
-                              RuntimeWarning, stacklevel=4)
+                              PinWarning, stacklevel=4)
             return
         self.registered[segment.name] = address
 

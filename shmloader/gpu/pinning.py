@@ -15,8 +15,9 @@ Runs in the main process only. Promises:
   ``loader_services.ring_maker``: ``register_segment`` when a segment is created (new slot or growth),
   ``unregister_segment`` when it is retired, which the ring does before it unlinks and unmaps —
   also at ``close()`` for a segment whose batch the user still holds (see docs/gpu.md).
-- ``pin_memory=True`` with nothing to pin for a device warns once per loader in torch's words and
-  the batches stay correct (unpinned). An accelerator that no backend registers slots for (XPU:
+- ``pin_memory=True`` with nothing to pin for a device warns in torch's words, as torch does, at
+  each iterator the loader makes (every ``iter()`` but a persistent iterator's restart), and the
+  batches stay correct (unpinned). An accelerator that no backend registers slots for (XPU:
   the built-ins register for CUDA only) gets each batch pinned by torch's copy, as torch does; on
   MPS torch switches pinning off with its warning, and so does shmloader.
 - ``SHMLOADER_PIN_BACKEND`` is read only where ``pin_memory=True``: a value that is not a backend,
@@ -24,7 +25,7 @@ Runs in the main process only. Promises:
   (:func:`check_requested`). Importing this module imports neither torch nor cupy.
 
 Per-loader state is one attribute of the loader, ``_pin`` (a :class:`PinState`: the backend
-selected by :func:`backend_for`, and the flag :func:`warn_if_unpinned` sets). Whether torch sees an
+selected by :func:`backend_for`). Whether torch sees an
 accelerator is asked once per process, a forked child asking for itself (:func:`accelerator_available`).
 """
 
@@ -249,11 +250,10 @@ _BACKEND_API = ("register_segment", "unregister_segment", "finish", "fence", "de
 @dataclass
 class PinState:
     """A loader's pinning, its one attribute ``loader._pin``: the backend (chosen once, None being a
-    choice too) and whether torch's "no accelerator" warning was given."""
+    choice too)."""
 
     backend: PinBackend | None = None
     chosen: bool = False
-    warned: bool = False
     copy: bool = False  # no backend chosen by "auto", yet torch sees an accelerator: pin by a copy
 
 
@@ -284,13 +284,13 @@ def will_pin(loader: Any) -> bool:
 
 def warn_if_unpinned(loader: Any, stacklevel: int = 3) -> None:
     """torch's warning when ``pin_memory=True`` finds no accelerator, or MPS (where torch switches
-    pinning off), once per loader (not when there is another accelerator and the user named a
-    backend that does not pin for it: the words would be false). The frame ``stacklevel`` names
-    is the loader's ``_get_iterator`` (torch's iterator warns from its own module); the torch
-    flavour names torch's module there (shmloader/warning_origin.py)."""
-    if not loader.pin_memory or loader._pin.warned or will_pin(loader) or torch_pins():
+    pinning off), given at each call as torch gives it at each new iterator (not when there is
+    another accelerator and the user named a backend that does not pin for it: the words would be
+    false). The caller is the loader's ``_get_iterator``, the frame ``stacklevel`` names (torch's
+    iterator warns from its own module); the torch flavour names torch's module there
+    (shmloader/warning_origin.py)."""
+    if not loader.pin_memory or will_pin(loader) or torch_pins():
         return
-    loader._pin.warned = True
     warn(MPS_UNSUPPORTED if accelerator_type() == "mps" else NO_ACCELERATOR, stacklevel=stacklevel,
          torch_module=getattr(loader, "_warning_module", None))
 

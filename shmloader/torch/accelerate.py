@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader as _TorchDataLoader
 
 from shmloader.torch.loader import EXTRA_OPTIONS, init_kwargs
 from shmloader.torch.loader import DataLoader as ShmTorchDataLoader
+from shmloader.warning_types import AccelerateWarning
 
 __all__ = ["Accelerator", "adopt", "prepare", "skip_first_batches"]
 
@@ -93,7 +94,7 @@ def adopt(prepared: Any, source: Any) -> Any:
         return type(shm)(**init_kwargs(prepared, **_extras(shm)))
     warnings.warn(f"shmloader.torch.accelerate: accelerate returned a {type(prepared).__name__}, which "
                   "shmloader does not know how to adopt; its batches come from torch's DataLoader",
-                  stacklevel=2)
+                  AccelerateWarning, stacklevel=2)
     return prepared
 
 
