@@ -343,7 +343,8 @@ class DataLoader(Generic[T_co]):
             index_sampler=self._index_sampler, len_called=self._IterableDataset_len_called, events=self._events,
             book=self._book, context=self._mp_context, worker_spec=services.spec_maker(self),
             make_ring=services.ring_maker(self), preflight=services.preflight(self.num_workers, self.prefetch_factor),
-            finish=services.finisher(self), loader=None if self.persistent_workers and self.num_workers else self,
+            finish=services.finisher(self), warning_module=self._warning_module,
+            loader=None if self.persistent_workers and self.num_workers else self,
         )
 
     def _default_collate_fn(self) -> Callable[[Any], Any]:

@@ -1,8 +1,8 @@
 """Which module a warning in torch's words says it comes from, so that a user's filters match it.
 
 Owns :func:`warn`, which the loader's warnings in torch's words go through (the worker-number,
-``pin_memory_device``, "no accelerator" and DataPipe ``Shuffler`` warnings). Runs in the main
-process. Promises:
+``pin_memory_device``, "no accelerator", DataPipe ``Shuffler`` and "Got pickle error" warnings).
+Runs in the main process. Promises:
 
 - Without ``torch_module`` (the numpy flavour), or when the frame that ``stacklevel`` names is
   not shmloader's own (a user's call), it is ``warnings.warn`` exactly.

@@ -6,7 +6,8 @@ torch emits most of its loader's warnings from its own module ``torch.utils.data
 total" (at construction and at each ``iter()`` that starts workers), "pin_memory_device is
 deprecated", "'pin_memory' argument is set as true but no accelerator is found" (both at
 ``iter()``), and, for an ``IterDataPipe`` with ``shuffle=True`` and no ``Shuffler``, "`shuffle=True`
-was set, but the datapipe does not contain a `Shuffler`" (at construction). So
+was set, but the datapipe does not contain a `Shuffler`" (at construction), and "Got pickle error when
+attempting to start a worker Process" (at an ``iter()`` whose worker cannot receive its arguments). So
 ``warnings.filterwarnings("ignore", module="torch.utils.data.dataloader")`` (or pytest's
 ``-W ignore::UserWarning:torch.utils.data.dataloader``) silences them, and ``"error"`` raises them
 at that call. The same filter does the same to the torch flavour's (docs/frameworks.md), and
@@ -17,8 +18,10 @@ flavour names its own module, ``shmloader.loader``, for all of its loader's warn
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -243,3 +246,58 @@ def test_iter_warns_of_the_worker_number_before_pinning_as_torch(monkeypatch: py
     assert [w.split(" ")[0] for w in theirs] == ["This"] + each_iter * 2, theirs  # construction, two iter()
     assert _recorded(lambda: make(st.DataLoader)) == theirs
     assert _recorded(lambda: make(shmloader.DataLoader)) == theirs
+
+
+class Locked(tdata.Dataset):  # type: ignore[misc]
+    """A dataset holding a lock: a spawned worker cannot receive it (its arguments do not pickle).
+    With an event first, shmloader cannot pickle it ahead either: ``Process.start`` pickles it, and fails."""
+
+    def __init__(self, event: bool) -> None:
+        if event:  # pickles only while a process starts (multiprocessing's assert_spawning)
+            self.event = multiprocessing.get_context("spawn").Event()
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return np.float32(i)
+
+
+PICKLE_WORDS = ("Got pickle error when attempting to start a worker Process. This might be because the worker "
+                "Process arguments are not picklable. Python 3.14+ changed the multiprocessing start method in "
+                "non-Mac POSIX platforms to 'forkserver', which requires the worker Process arguments to be "
+                "picklable. You can also try multiprocessing.set_start_method('fork').")
+
+
+def _refused_start(cls: type, event: bool, *filters: tuple[Action, str]) -> tuple[list[tuple[type, str]], type]:
+    """(category, words) of each warning ``iter()`` gives under ``always`` then ``filters``, and the
+    type of what it raises, for a spawn loader whose one worker cannot receive its dataset."""
+    loader = cls(Locked(event), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for action, module in filters:
+            warnings.filterwarnings(action, module=module)
+        with pytest.raises(Exception) as info:
+            iter(loader)
+    if isinstance(loader, shmloader.DataLoader):
+        loader.close()
+    return [(w.category, str(w.message)) for w in caught], info.type
+
+
+@pytest.mark.timeout(120)
+# torch's iterator, its __init__ raising, then fails in its __del__ (no _shutdown yet)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("event", [False, True], ids=["a lock", "an event and a lock"])
+def test_a_worker_that_cannot_receive_its_arguments_gives_torchs_pickle_warning_then_raises(event: bool) -> None:
+    """torch 2.13 warns once ("Got pickle error ...", a UserWarning from ``torch.utils.data.dataloader``)
+    when a worker's ``Process.start`` fails to pickle its arguments, then raises pickle's TypeError.
+    The torch flavour does the same (its TypeError names the dataset); the numpy flavour raises the
+    same TypeError without torch's warning."""
+    theirs = _refused_start(tdata.DataLoader, event)
+    assert theirs == ([(UserWarning, PICKLE_WORDS)], TypeError), theirs
+    assert _refused_start(st.DataLoader, event) == theirs
+    assert _refused_start(shmloader.DataLoader, event) == ([], TypeError)
+    for cls in (tdata.DataLoader, st.DataLoader):  # named torch's module: its filters act on ours
+        assert _refused_start(cls, event, ("ignore", TORCH_MODULE)) == ([], TypeError), cls
+        assert _refused_start(cls, event, ("error", TORCH_MODULE)) == ([], UserWarning), cls

@@ -34,6 +34,7 @@ OWN: dict[tuple[str, str], str] = {
 # torch's words, torch's category (UserWarning): not shmloader's own
 TORCH_WORDS = {
     ("datasets.py", "_lengths_from_fractions"),  # random_split's "Length of split at index i is 0"
+    ("engine/payload.py", "warn_if_unpicklable"),  # "Got pickle error when attempting to start a worker Process"
     ("engine/iterator.py", "__next__"),  # "Length of IterableDataset ... was reported to be"
     ("loader_checks.py", "warn_worker_number"),  # "This DataLoader will create N worker processes"
     ("loader.py", "_warn_pinning"),  # "pin_memory_device is deprecated"

@@ -109,7 +109,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._ring.whole_slots = ring_slots(self._num_workers, self._prefetch)  # held batches past it are trimmed
         self._ledger = Ledger(self._ring)
         self._growths = Growths(self._ledger)
-        self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers)
+        self._pool = WorkerPool(plan.context, plan.worker_spec(self._base_seed), self._num_workers,
+                                warning_module=plan.warning_module)
         live.IN_PROCESS.add(self)
         if cfg.slot_bytes:
             plan.preflight(self._ring, self._slot_size.bytes, ring_slots(self._num_workers, self._prefetch), given=True)

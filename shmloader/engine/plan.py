@@ -47,6 +47,9 @@ class Plan:
     make_ring: Callable[[], Ring]
     preflight: Callable[..., None]  # (ring, slot bytes, slots, given=False) -> raises ShmSpaceError
     finish: Callable[[Any], Any]  # the batch's last step before the user (pinning)
+    # The module torch's warnings in torch's words name (the torch flavour's torch.utils.data.dataloader;
+    # None for the numpy flavour, which gives none of the pool's): shmloader/warning_origin.py
+    warning_module: str | None = None
     reset_seed: int | None = None  # each persistent epoch's Reset carries it to the workers (DataPipes)
     # The loader, held by an iterator it does not hold itself (without persistent workers), so that
     # the iterator's state_dict() can read it; None for the persistent iterator, which the loader

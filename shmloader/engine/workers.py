@@ -43,7 +43,7 @@ from typing import Any
 from shmloader.log import logger
 from shmloader import owner
 from shmloader.engine import exits, start_limits
-from shmloader.engine.payload import pickled_spec
+from shmloader.engine.payload import pickled_spec, warn_if_unpicklable
 from shmloader.engine.reaping import close_pipes, live_workers, reap, reap_all
 from shmloader.transport import wire
 from shmloader.worker import main as worker_main
@@ -207,14 +207,20 @@ class WorkerHandle:
 class WorkerPool:
     """Starts and stops the workers of one iterator (or of a loader, with persistent workers)."""
 
-    def __init__(self, ctx: BaseContext, spec: worker_main.WorkerSpec, num_workers: int) -> None:
+    def __init__(self, ctx: BaseContext, spec: worker_main.WorkerSpec, num_workers: int, *,
+                 warning_module: str | None = None) -> None:
         self.ctx = ctx
         self.num_workers = num_workers
+        self._warning_module = warning_module  # the torch flavour's, for torch's pickle warning (payload.py)
         method = ctx.get_start_method()
         self._fork = method == "fork"
         self._forkserver = method == "forkserver"
         # under fork a worker inherits the spec; otherwise it is pickled once here, for every start
-        self._payload: Any = spec if self._fork else pickled_spec(spec, method)  # bytes, or the spec (payload.py)
+        try:
+            self._payload: Any = spec if self._fork else pickled_spec(spec, method)  # bytes, or the spec (payload.py)
+        except Exception as exc:
+            warn_if_unpicklable(exc, warning_module)  # torch warns as its first worker's start fails
+            raise
         self.workers: list[WorkerHandle] = []
         self.backlog: set[WorkerHandle] = set()  # workers whose outbox holds bytes not yet written
         self.generation = 0  # changes whenever ``workers`` does: a poll set over them is rebuilt
@@ -323,13 +329,17 @@ class WorkerPool:
         Defence in depth: the primary guard is that our finalizers
         check ``ProcessOwner.here`` and do nothing in a forked child.
         """
-        if not self._fork:
-            if self._forkserver:
-                exits.own_fork_server()  # a fork server another process started serves no start of ours
-            process.start()
-            return
-        with owner.our_fork():
-            process.start()
+        if self._forkserver:
+            exits.own_fork_server()  # a fork server another process started serves no start of ours
+        try:
+            if not self._fork:
+                process.start()
+                return
+            with owner.our_fork():
+                process.start()
+        except Exception as exc:  # a spec of multiprocessing objects is pickled here (payload.py)
+            warn_if_unpicklable(exc, self._warning_module)
+            raise
 
     def replace(self, worker_id: int) -> WorkerHandle:
         """Reap the worker at ``worker_id`` (dead, or made to stop: from here it starts no task) and
