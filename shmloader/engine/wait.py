@@ -263,6 +263,8 @@ class WaitAndRecover(RecoverDeaths):
         if isinstance(msg, Filled) and not stale:
             self._slot_size.observe(self._ledger.fill(rec, msg.slot_id, msg.used_bytes))
             self._reorder.put(rec.task, (rec, msg))
+            if w.exhausted:  # the retry of a batch it kept past its end: it may leave now
+                self._release_ended(w)
             return
         self._ledger.release(rec)  # failed, exhausted, or a reply of an abandoned epoch: no view is made
         if stale:
@@ -274,6 +276,7 @@ class WaitAndRecover(RecoverDeaths):
             self._ran_out(rec.task)
             if all(h.exhausted for h in self._pool.workers):
                 self._sampler_done = True
+            self._release_ended(w)  # told to exit at once, as torch's (deaths.py)
 
     def _ran_out(self, task: int) -> None:
         """Task ``task`` found its worker's share of an iterable dataset ended: it has no batch. It is
