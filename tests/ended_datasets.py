@@ -46,8 +46,7 @@ class GatedEnd(_ShortShare):
         self.at_end, self.gate = at_end, gate
 
     def _at_end(self) -> None:
-        self.at_end.set()
-        assert self.gate.wait(30), "the test never opened the gate"
+        gated_end(self.at_end, self.gate)
 
 
 class HeldExit(_ShortShare):
@@ -65,9 +64,10 @@ class HeldExit(_ShortShare):
         threading.Thread(target=self.gate.acquire, kwargs={"timeout": 30}, daemon=False).start()
 
 
-def torch_uneven(n: int, short: int) -> Any:
+def torch_uneven(n: int, short: int, at_end: Callable[[], object] | None = None) -> Any:
     """``fault_datasets.UnevenStream`` for torch's loader (its IterableDataset, its worker info);
-    the test is skipped without torch. Defined here, so only fork can start its workers."""
+    ``at_end``: run by worker 0 before its share ends, as ``_ShortShare._at_end``. The test is
+    skipped without torch. Defined here, so only fork can start its workers."""
     import pytest
 
     torch_data: Any = pytest.importorskip("torch.utils.data")
@@ -75,10 +75,20 @@ def torch_uneven(n: int, short: int) -> Any:
     class Uneven(torch_data.IterableDataset):
         def __iter__(self) -> Any:
             info = torch_data.get_worker_info()
-            end = info.num_workers * short if info.id == 0 else n
-            return (sample(i) for i in range(info.id, end, info.num_workers))
+            if info.id != 0:
+                yield from (sample(i) for i in range(info.id, n, info.num_workers))
+                return
+            yield from (sample(i) for i in range(0, info.num_workers * short, info.num_workers))
+            if at_end is not None:
+                at_end()
 
     return Uneven()
+
+
+def gated_end(at_end: Any, gate: Any) -> None:
+    """``GatedEnd``'s end of worker 0's share, for ``torch_uneven``."""
+    at_end.set()
+    assert gate.wait(30), "the test never opened the gate"
 
 
 def firsts(batch: Any) -> list[int]:

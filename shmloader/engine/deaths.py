@@ -49,7 +49,7 @@ class RecoverDeaths:
     _send: Callable[[WorkerHandle, TaskRecord], None]
     _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
     _drain: Callable[[WorkerHandle], bool]
-    _ran_out: Callable[[int], None]
+    _ran_out: Callable[..., None]  # WaitAndRecover._ran_out(task, after_end=True)
     _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
     _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
     # ids of the workers sent this epoch's Reset that have not acknowledged it (ResetDone): each has
