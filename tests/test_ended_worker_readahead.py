@@ -10,7 +10,10 @@ and stays counted until the epoch ends. So once worker 0 of two has ended, worke
 ``prefetch_factor * num_workers``.
 
 Worker 0's end is held at a gate (``GatedEnd``) until batch 1 is out, so exactly one task (4) is
-dealt to it after its end on both sides, whatever the timing.
+dealt to it after its end on both sides, whatever the timing. Ungated, that number follows timing:
+torch reads the end only when it waits for a batch (after handing out batch 0 and dealing task 4
+to worker 0), we read it with batch 0's reply, in the same read, and often deal worker 0 nothing
+more: worker 1 then holds 4.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 I/O, no processes.
 
 Owns the round-robin cursor and the rule that picks a worker, given how many tasks each worker
-holds and which workers have run out of data. Promises, with ``prefetch`` tasks at most per worker:
+holds and which workers have run out of data. Promises, with ``prefetch`` tasks at most per worker
+(an iterable dataset's once a share has ended: below):
 
 - ``round_robin`` (the default, torch's assignment): with ``in_order=True`` task t goes to worker
   t % n and, when that worker is full, nothing is sent (the caller waits for replies) — so each
