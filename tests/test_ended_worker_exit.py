@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -22,6 +23,7 @@ import pytest
 import ended_datasets as ed
 import fault_datasets as fd
 from adv2_helpers import exited_within
+from engine_datasets import BigStream
 from iter_helpers import mp_iter
 from shmloader import DataLoader
 from shmloader.engine.mp_iterator import MultiProcessIter
@@ -128,3 +130,17 @@ def test_torch_persistent_worker_stays_after_its_end() -> None:
     assert sorted(f for b in loader for f in ed.firsts(b)) == every_sample()
     assert it._workers[0].pid == pid
     it._shutdown_workers()
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_kept_for_a_growing_slot_is_delivered_before_its_worker_is_let_go(tmp_path: Path) -> None:
+    """Each worker's last batch is too big for its slot; the worker keeps it, its share then ends,
+    and the retry in the grown slot is sent after the task that found the end. Read with that end,
+    the retry is still the worker's to answer. Passed over with the tasks dealt after the end (as
+    the worker's exit first did, and as a death after the end still did), its samples were lost,
+    in most epochs, as timing went (tests/test_growth.py saw it)."""
+    for epoch in range(8):
+        log = tmp_path / f"drawn{epoch}"
+        got = list(DataLoader(BigStream(16, 1 << 17, str(log)), batch_size=4, num_workers=2,
+                              multiprocessing_context="fork"))
+        assert sorted(y for b in got for y in b["y"].tolist()) == list(range(16)), f"epoch {epoch}"

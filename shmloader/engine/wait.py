@@ -274,7 +274,8 @@ class WaitAndRecover(RecoverDeaths):
             self._reorder.put(rec.task, (rec, msg))  # raised when it is due, as torch raises it
         elif isinstance(msg, Exhausted):
             self._ran_out(rec.task, after_end=w.exhausted)  # the first is its end; a later one, dealt after it
-            w.exhausted = True
+            if not w.exhausted:
+                w.exhausted, w.end_task = True, rec.task
             if all(h.exhausted for h in self._pool.workers):
                 self._sampler_done = True
             self._release_ended(w)  # told to exit at once, as torch's (deaths.py)

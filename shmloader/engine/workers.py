@@ -105,6 +105,7 @@ class WorkerHandle:
     outstanding: deque[tuple[int, int]] = field(default_factory=deque)  # (epoch, task)
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
+    end_task: int = -1  # the task that found its share ended (while ``exhausted``): see deaths._kept_by
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
     backlog: set[WorkerHandle] = field(default_factory=set)  # the pool's handles with bytes unsent
     unsent: bytearray = field(default_factory=bytearray)  # framed messages the pipe has not taken yet
