@@ -237,7 +237,13 @@ def test_iterable_datasets_are_dealt_round_robin_over_workers_with_data() -> Non
     d = Dispatcher(3, 2, iterable=True)
     assert [d.pick(t, [0, 0, 0], [False, True, False]) for t in range(3)] == [0, 2, 0]
     assert d.pick(3, [0, 0, 0], [True, True, True]) is None
-    assert d.capacity([False, True, False]) == 4
+    # torch's total (_try_put_index): prefetch x workers, less each task dealt after a share's end
+    assert d.capacity([False, True, False]) == 6
+    d.passed_over()
+    assert d.capacity([False, True, False]) == 5 and d.capacity([True, True, True]) == 0
+    d.reset()
+    assert d.capacity([False, True, False]) == 6
+    assert d.limit([False, True, False]) == 3 and d.limit([False] * 3) == 2  # shared among the workers left
 
 
 def test_a_skipped_task_takes_its_turn_in_the_cycle() -> None:
@@ -314,7 +320,9 @@ def test_out_of_order_iterable_passes_over_full_and_exhausted_workers_as_torch_d
     d = Dispatcher(3, 2, in_order=False, iterable=True)
     held, exhausted = [2, 0, 1], [False, False, False]
     assert [d.pick(t, held, exhausted) for t in range(2)] == [1, 2]  # worker 0 is full: passed over
-    assert d.pick(2, [2, 2, 0], [False, True, False]) == 2  # worker 1's share ended
+    # worker 1's share ended: torch lets a worker take 3 (prefetch x 3 // 2 workers left)
+    assert d.pick(2, [2, 2, 0], [False, True, False]) == 0
+    assert d.pick(3, [3, 2, 0], [False, True, False]) == 2
     assert d.pick(3, [2, 2, 2], [False, False, False]) is None and d.cursor == 0  # all full: cycle unchanged
 
 

@@ -11,8 +11,9 @@ only where it held no position in its stream: its share had ended and it kept no
 growing slot, or the death came before the epoch began for it: before it was sent the epoch's
 ``Reset`` (``_replace_dead_between_epochs``), before it acknowledged it (``ResetDone``: its
 successor is sent the same ``Reset``, then its tasks), or while it was still starting. Without
-persistent workers such a worker whose share had ended is no fault under any policy, nor replaced:
-it is let go (``_let_go``), as torch's has exited by then, told to once its end was read.
+persistent workers a worker whose share has ended is told to exit as soon as its end is read, as
+torch's is (``_release_ended``); its exit, or its death before it, is no fault under any policy,
+nor replaced: it is let go (``_let_go``) and reaped.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class RecoverDeaths:
     _send: Callable[[WorkerHandle, TaskRecord], None]
     _observe: Callable[..., None]  # BaseIter._observe: an observer's error is raised at the next next()
     _drain: Callable[[WorkerHandle], bool]
-    _ran_out: Callable[[int], None]
+    _ran_out: Callable[..., None]  # WaitAndRecover._ran_out(task, after_end=True)
     _streak = faults.Streak()  # consecutive deaths of one task (faults.after_death)
     _start_failures: dict[int, int]  # worker id -> deaths in a row before it said Ready
     # ids of the workers sent this epoch's Reset that have not acknowledged it (ResetDone): each has
@@ -73,9 +74,14 @@ class RecoverDeaths:
 
     def _on_death(self, w: WorkerHandle, cause: str | None, before_epoch: bool = False) -> None:
         """A worker died: note the error it becomes (raised at the next wait), or replace it.
-        ``before_epoch``: it died before the current epoch began for it (``_replace_dead_between_epochs``)."""
+        ``before_epoch``: it died before the current epoch began for it (``_replace_dead_between_epochs``).
+        A worker that exits (code 0) as it was told once its share ended (``_release_ended``) did
+        not die: it is reaped and its exit logged, no observer told of a death."""
         w.join(1.0)
         exitcode = w.process.exitcode
+        if w.leaving and exitcode == 0 and cause is None:
+            self._let_go(w, exitcode)
+            return
         kept = self._kept_by(w)
         tasks = {**self._tasks_of(w), **{rec.task: rec.indices for rec in kept}}
         self._observe(self._plan.events.worker_died, w.id, w.pid, exitcode, tasks)
@@ -122,30 +128,63 @@ class RecoverDeaths:
         and the epoch ends whole (tests/test_ended_worker_death.py)."""
         return self._iterable and not self._plan.persistent and w.exhausted and not kept
 
-    def _let_go(self, w: WorkerHandle, exitcode: int | None) -> None:
-        """The death of an ended worker (``_ended_for_good``): not an error, and no successor, under
-        either policy. Each task dealt to it after its end and not yet answered is passed over, as
-        its ``Exhausted`` would have been; the worker is reaped and never polled again."""
-        logger.warning("worker %d (pid %s) died with %s after its share of the epoch had ended: nothing was "
-                       "lost, and it is not replaced", w.id, w.pid, describe_exit(exitcode))
+    def _release_ended(self, w: WorkerHandle) -> None:
+        """``w``'s end was read: without persistent workers, tell it to exit now, as torch tells its
+        worker (``_mark_worker_as_unavailable``): its stop flag, then ``None``, so that it drops
+        the tasks dealt to it after its end, which are passed over here as their ``Exhausted``
+        would have been. Not while it keeps a batch for a growing slot (``_kept_by``): asked again
+        when that task is answered. Its exit is seen by the wait, and reaped (``_let_go``)."""
+        if w.leaving or not self._iterable or self._plan.persistent or self._kept_by(w):
+            return
+        w.leaving = True
+        if w.stop is not None:
+            w.stop.set()
+        try:
+            w.send(None)
+        except OSError:
+            pass  # gone already: its sentinel tells
+        self._pass_over(w)
+
+    def _pass_over(self, w: WorkerHandle) -> None:
+        """Each task held by ``w`` (dealt after its end, so never answered now) leaves the ledger,
+        this epoch's passed over as its ``Exhausted`` would have been."""
         for rec in list(self._ledger.records(w.outstanding)):
             w.pop(rec.key)
             self._ledger.release(rec)
             if rec.epoch == self._epoch:
                 self._ran_out(rec.task)
+
+    def _let_go(self, w: WorkerHandle, exitcode: int | None) -> None:
+        """The exit of an ended worker: the one it was told to make (``_release_ended``), or a death
+        (``_ended_for_good``): not an error, and no successor, under either policy. Its tasks are
+        passed over; the worker is reaped and never polled again. One record: an info for the exit
+        asked for, a warning for a death."""
+        if w.leaving and exitcode == 0:
+            logger.info("worker %d (pid %s) exited: its share of the epoch had ended", w.id, w.pid)
+        else:
+            logger.warning("worker %d (pid %s) died with %s after its share of the epoch had ended: nothing "
+                           "was lost, and it is not replaced", w.id, w.pid, describe_exit(exitcode))
+        self._pass_over(w)
         self._pool.retire(w.id)
 
     def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
-        """This epoch's tasks of ``w`` waiting for their slot to grow: ``w`` keeps each one's batch
-        for the retry (worker.main ``_remember``), so its death loses those samples of a stream."""
-        return [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
+        """This epoch's tasks of ``w`` whose batch ``w`` keeps for a retry in a grown slot (worker.main
+        ``_remember``), so that its death loses those samples of a stream: those waiting for their
+        slot to grow, and, once its share has ended, those sent again since (a task numbered below
+        the one that found the end and still held: ``w`` answered every task sent before that one).
+        Such a retry used to be passed over with the tasks dealt after the end, its batch lost."""
+        kept = [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
+        if w.exhausted:
+            kept += [rec for rec in self._ledger.records(w.outstanding)
+                     if rec.epoch == self._epoch and rec.task < w.end_task]
+        return kept
 
     def _restart(self, w: WorkerHandle) -> None:
         """Start a successor under the same id and re-send, in order, every task the dead one held
         (first this epoch's ``Reset``, where the dead one had not acknowledged it)."""
         keys = list(w.outstanding)
         new = self._pool.replace(w.id)
-        new.exhausted = w.exhausted  # an iterable worker's ended share stays ended until the next epoch
+        new.exhausted, new.end_task = w.exhausted, w.end_task  # an ended share stays ended until the next epoch
         if w.id in self._unbegun:  # the successor begins the epoch as the others did: same reseed, then its tasks
             try:
                 new.send(Reset(self._epoch, self._plan.reset_seed))

@@ -68,6 +68,7 @@ class WaitAndRecover(RecoverDeaths):
     _send: Callable[[WorkerHandle, TaskRecord], None]
     _flush_detach: Callable[[], None]
     _capacity: Callable[[], int]
+    _dispatcher: Any  # engine.dispatch.Dispatcher: counts the tasks passed over after a share's end
     _worker_exception: Callable[[Failed, int, TaskRecord | None], BaseException]
 
     # -- 3. wait and process -------------------------------------------------------------------
@@ -263,6 +264,8 @@ class WaitAndRecover(RecoverDeaths):
         if isinstance(msg, Filled) and not stale:
             self._slot_size.observe(self._ledger.fill(rec, msg.slot_id, msg.used_bytes))
             self._reorder.put(rec.task, (rec, msg))
+            if w.exhausted:  # the retry of a batch it kept past its end: it may leave now
+                self._release_ended(w)
             return
         self._ledger.release(rec)  # failed, exhausted, or a reply of an abandoned epoch: no view is made
         if stale:
@@ -270,18 +273,24 @@ class WaitAndRecover(RecoverDeaths):
         if isinstance(msg, Failed):  # a start-up failure too: the worker's first task is where torch raises it
             self._reorder.put(rec.task, (rec, msg))  # raised when it is due, as torch raises it
         elif isinstance(msg, Exhausted):
-            w.exhausted = True
-            self._ran_out(rec.task)
+            self._ran_out(rec.task, after_end=w.exhausted)  # the first is its end; a later one, dealt after it
+            if not w.exhausted:
+                w.exhausted, w.end_task = True, rec.task
             if all(h.exhausted for h in self._pool.workers):
                 self._sampler_done = True
+            self._release_ended(w)  # told to exit at once, as torch's (deaths.py)
 
-    def _ran_out(self, task: int) -> None:
+    def _ran_out(self, task: int, after_end: bool = True) -> None:
         """Task ``task`` found its worker's share of an iterable dataset ended: it has no batch. It is
         passed over when due, and the epoch's record counts it done, as a delivered one: else the
         record's ``[0, low)`` stopped below it and every later task of the (possibly endless) epoch
-        was kept one by one above it (tests/test_leak_uneven_shards.py)."""
+        was kept one by one above it (tests/test_leak_uneven_shards.py). ``after_end``: it was dealt
+        after the task that found the end, so it keeps its place in the pipeline, as torch's count
+        keeps it (``Dispatcher.passed_over``); the task that found the end is replaced."""
         self._reorder.skip(task)
         self._record.delivered.add(task)
+        if after_end:
+            self._dispatcher.passed_over()
 
     def _regrow(self, w: WorkerHandle, rec: TaskRecord, needed: int) -> None:
         """The batch did not fit: a larger slot for this task (and every later one), same worker.

@@ -105,6 +105,7 @@ class WorkerHandle:
     outstanding: deque[tuple[int, int]] = field(default_factory=deque)  # (epoch, task)
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
+    end_task: int = -1  # the task that found its share ended (while ``exhausted``): see deaths._kept_by
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
     backlog: set[WorkerHandle] = field(default_factory=set)  # the pool's handles with bytes unsent
     unsent: bytearray = field(default_factory=bytearray)  # framed messages the pipe has not taken yet
@@ -122,6 +123,9 @@ class WorkerHandle:
     # Under forkserver, the pid of the fork server that started it (0 otherwise): its exit status dies
     # with that server (exits.fork_server_gone), and a death is then reported as unknown
     fork_server: int = 0
+    # Told to exit (its stop flag set, then ``None``): an iterable worker whose share of a
+    # non-persistent epoch had ended, as torch's is told once its end is read (engine/deaths.py)
+    leaving: bool = False
     # Dead and reaped, kept in its place without a successor (``WorkerPool.retire``): an iterable
     # worker whose share of a non-persistent epoch had ended. Never polled, never dealt a task.
     retired: bool = False
@@ -351,13 +355,13 @@ class WorkerPool:
         return new
 
     def retire(self, worker_id: int) -> None:
-        """Reap the dead worker at ``worker_id`` and start no successor: its handle stays in its
-        place, ``retired``, its pipes closed, until ``shutdown``."""
+        """Reap the exited worker at ``worker_id`` and start no successor: its handle stays in its
+        place, ``retired``, its pipes closed, until ``shutdown``. Logs nothing: the caller's one
+        record names the event (an exit asked for, or a death)."""
         w = self.workers[worker_id]
         reap(w)
         w.retired = True
         self.generation += 1  # a poll set over its closed pipes is rebuilt
-        logger.info("worker %d (pid %s) retired: its share had ended", worker_id, w.pid)
 
     def broadcast(self, msg: Any) -> None:
         for w in self.workers:
@@ -375,6 +379,7 @@ class WorkerPool:
         A broken loader passes a short ``grace_s``: a hung worker would only waste the wait.
         """
         workers, self.workers = self.workers, []
+        workers = [w for w in workers if not w.retired]  # reaped already, its exit logged (``retire``)
         self.generation += 1
         try:
             for w in workers:  # every flag first: no worker starts a task while the others are told
