@@ -136,9 +136,13 @@ class RecoverDeaths:
         self._pool.retire(w.id)
 
     def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
-        """This epoch's tasks of ``w`` waiting for their slot to grow: ``w`` keeps each one's batch
-        for the retry (worker.main ``_remember``), so its death loses those samples of a stream."""
-        return [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
+        """This epoch's tasks whose batch ``w`` keeps for the retry in a grown slot (worker.main
+        ``_remember``), so that its death loses those samples of a stream: those waiting for their
+        slot to grow, and those sent back to it in the grown slot and not answered yet (an ended
+        worker's successor used to pass such a task over as ``Exhausted``, the batch lost
+        silently: tests/test_adv_fault_growth_retry.py)."""
+        held = self._ledger.records(w.outstanding)
+        return [rec for rec in (*self._growths.waiting, *held) if rec.kept_by == w.pid and rec.epoch == self._epoch]
 
     def _restart(self, w: WorkerHandle) -> None:
         """Start a successor under the same id and re-send, in order, every task the dead one held

@@ -291,6 +291,7 @@ class WaitAndRecover(RecoverDeaths):
         """
         slot_bytes = self._slot_size.grown(needed)
         w.pop(rec.key)
+        rec.kept_by = w.pid or 0  # until its retry is answered, that worker keeps the batch (deaths.py)
         try:
             self._plan.preflight(self._ring, slot_bytes, self._capacity() + CONSUMER_SLOTS)
             self._growths.start(rec, slot_bytes)
