@@ -8,6 +8,7 @@ test's signal, or for ``release`` on the other; the test reads the pid with ``Ga
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import select
 
@@ -26,6 +27,7 @@ class Gate:
 
     def reach(self) -> None:
         """In a worker: say so, then wait for the test to act (a signal, or ``release``)."""
+        faulthandler.disable()  # a signal's own default action, without pytest's traceback dump in the output
         os.write(self.w, f"{os.getpid()}\n".encode())
         select.select([self.go_r], [], [], 60)
 
