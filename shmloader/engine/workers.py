@@ -336,7 +336,8 @@ class WorkerPool:
         start its successor under the same id."""
         old = self.workers[worker_id]
         reap(old)
-        new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
+        with start_limits.limits_named(self.num_workers, worker_id, replacing=old.pid):  # as a start's
+            new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
         logger.info("worker %d restarted (pid %s replaces %s)", worker_id, new.pid, old.pid)
         return new
 
