@@ -11,8 +11,12 @@ from __future__ import annotations
 import faulthandler
 import os
 import select
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import pytest
 
 from fault_datasets import first_time, sample
 from shmloader import get_worker_info
@@ -63,3 +67,19 @@ class StopsAt:
         if i == self.at and get_worker_info() is not None and first_time(self.once_dir, f"gate{i}"):
             self.gate.reach()
         return sample(i)
+
+
+def epoch_error(loader: Any, gate: Gate, act: Callable[[int], None], error: type[BaseException]) -> BaseException:
+    """Run an epoch of ``loader`` (closed after) while a thread of the test calls ``act(pid)`` with
+    the pid of the worker that reaches the gate; the epoch must raise ``error``, which is returned.
+    The gate is closed after."""
+    thread = threading.Thread(target=lambda: act(gate.wait()), daemon=True)
+    thread.start()
+    try:
+        with loader, pytest.raises(error) as err:
+            for _batch in loader:
+                pass
+        thread.join(10)
+    finally:
+        gate.close()
+    return err.value

@@ -15,12 +15,11 @@ import errno
 import os
 import resource
 import signal
-import threading
 from typing import Any
 
 import pytest
 
-from adv_fault_datasets import Gate, StopsAt
+from adv_fault_datasets import Gate, StopsAt, epoch_error
 from shmloader import DataLoader
 from shmloader.engine.workers import WorkerPool
 from test_adv2_exactly_once import firsts
@@ -44,25 +43,19 @@ def test_a_restart_refused_at_the_descriptor_limit_names_the_worker_the_death_an
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
-    def kill() -> None:
-        killed.append(gate.wait())
-        os.kill(killed[0], signal.SIGKILL)
+    def kill(pid: int) -> None:
+        killed.append(pid)
+        os.kill(pid, signal.SIGKILL)
 
     monkeypatch.setattr(WorkerPool, "_start", at_the_limit)
     loader: DataLoader[Any] = DataLoader(StopsAt(12, 5, gate, str(tmp_path)), batch_size=2, num_workers=2,
                                          on_worker_death="restart", persistent_workers=persistent)
-    killer = threading.Thread(target=kill, daemon=True)
-    killer.start()
-    try:
-        with loader, pytest.raises(OSError) as err:
-            firsts(loader)
-        killer.join(10)
-        message = str(err.value)
-        assert err.value.errno == errno.EMFILE
-        assert "worker 0 of num_workers=2" in message, message
-        assert f"pid {killed[0]}" in message, message
-        assert "RLIMIT_NOFILE" in message and "ulimit -n" in message, message
-        monkeypatch.setattr(WorkerPool, "_start", start)
-        assert sorted(firsts(loader)) == list(range(12))  # iter(loader) starts afresh
-    finally:
-        gate.close()
+    err = epoch_error(loader, gate, kill, OSError)
+    assert isinstance(err, OSError)
+    message = str(err)
+    assert err.errno == errno.EMFILE
+    assert "worker 0 of num_workers=2" in message, message
+    assert f"pid {killed[0]}" in message, message
+    assert "RLIMIT_NOFILE" in message and "ulimit -n" in message, message
+    monkeypatch.setattr(WorkerPool, "_start", start)
+    assert sorted(firsts(loader)) == list(range(12))  # iter(loader) starts afresh

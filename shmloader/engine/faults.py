@@ -242,11 +242,15 @@ def _start_advice(start_method: str, exitcode: int | None) -> list[str]:
     return advice
 
 
-def hang_cause(limit_s: float, starting: bool) -> str:
-    """How a worker the loader killed for passing its deadline ended, naming that deadline."""
+STOPPED_WORDS = "stopped by a signal (SIGSTOP or SIGTSTP: state T in /proc/<pid>/stat)"
+
+
+def hang_cause(limit_s: float, starting: bool, stopped: bool = False) -> str:
+    """How a worker the loader killed for passing its deadline ended, naming that deadline;
+    ``stopped``: it was stopped by a signal then (``exits.stopped``), not slow."""
     deadline = (f"the start-up deadline, max(task_timeout_s, {START_TIMEOUT_FLOOR_S})" if starting
                 else "task_timeout_s")
-    return f"hung for more than {limit_s} s ({deadline}) and was killed"
+    return f"hung for more than {limit_s} s ({deadline}){f', {STOPPED_WORDS},' if stopped else ''} and was killed"
 
 
 def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks,
@@ -299,9 +303,11 @@ def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | No
 
 
 def hung(worker_id: int, pid: int | None, task: int, indices: Any, deadline_s: float, *,
-         starting: bool = False, iterable: bool = False, abandoned: bool = False) -> WorkerHung:
+         starting: bool = False, iterable: bool = False, abandoned: bool = False, stopped: bool = False) -> WorkerHung:
     """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader
-    killed; ``abandoned``: the task is of an earlier epoch (a persistent worker kept after a timeout)."""
+    killed; ``abandoned``: the task is of an earlier epoch (a persistent worker kept after a timeout);
+    ``stopped``: it was stopped by a signal as its deadline passed (``exits.stopped``), so not slow:
+    said, or the user looks for a slow sample that is not there."""
     held = f"task {task} (sample indices {format_indices(indices)})" + (
         " of an earlier epoch, abandoned (the tasks of this one queued behind it)" if abandoned else "")
     if starting:
@@ -313,7 +319,8 @@ def hung(worker_id: int, pid: int | None, task: int, indices: Any, deadline_s: f
     advice = ("A worker of an IterableDataset cannot be restarted." if iterable else
               "Pass on_worker_death='restart' to retry the task in a new worker, or raise task_timeout_s "
               "(SHMLOADER_TASK_TIMEOUT_S).")
-    msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL. {advice}"
+    how = f"; it was {STOPPED_WORDS} and could not run" if stopped else ""
+    msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL{how}. {advice}"
     return WorkerHung(msg, timeout_s=deadline_s, tasks={task: plain_indices(indices)}, worker_id=worker_id, pid=pid)
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.engine import faults
+from shmloader.engine import exits, faults
 from shmloader.engine.caller import Caller
 from shmloader.engine.deaths import RecoverDeaths
 from shmloader.engine.growth import Growths, Refused
@@ -369,10 +369,11 @@ class WaitAndRecover(RecoverDeaths):
         # an iterable worker that read nothing of its stream yet (starting, or hung in __iter__ at
         # the epoch's Reset) loses no position: replaced under the restart policy, as its death is
         lost_position = self._loses_position(w)
+        stopped = exits.stopped(w.process)  # by a signal from outside, not slow: the error says so
         w.signal(signal.SIGKILL)
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or lost_position:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
                                          starting=not w.ready, iterable=lost_position,
-                                         abandoned=key[0] != self._epoch))
-        self._on_death(w, cause=faults.hang_cause(limit_s, starting=not w.ready))
+                                         abandoned=key[0] != self._epoch, stopped=stopped))
+        self._on_death(w, cause=faults.hang_cause(limit_s, starting=not w.ready, stopped=stopped))
