@@ -72,14 +72,16 @@ class StopsAt:
 def epoch_error(loader: Any, gate: Gate, act: Callable[[int], None], error: type[BaseException]) -> BaseException:
     """Run an epoch of ``loader`` (closed after) while a thread of the test calls ``act(pid)`` with
     the pid of the worker that reaches the gate; the epoch must raise ``error``, which is returned.
-    The gate is closed after."""
+    The gate is released and closed after."""
     thread = threading.Thread(target=lambda: act(gate.wait()), daemon=True)
     thread.start()
     try:
-        with loader, pytest.raises(error) as err:
+        with pytest.raises(error) as err:
             for _batch in loader:
                 pass
         thread.join(10)
     finally:
+        gate.release()  # a worker still waiting there (a slow sample) goes on: the loader's close is quick
+        loader.close()
         gate.close()
     return err.value

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from adv_fault_datasets import Gate, StopsAt, epoch_error
-from shmloader import DataLoader, RestartBudgetExceeded, WorkerHung
+from shmloader import DataLoader, RestartBudgetExceeded, WorkerHung, WorkerTimeout
 
 STOPPED = "stopped by a signal (SIGSTOP or SIGTSTP"
 
@@ -26,8 +26,8 @@ def raised(tmp_path: Any, how: int | None, error: type[BaseException], **options
     """The text of ``error``, raised by an epoch whose worker stops inside sample 5 and gets ``how``
     there (None: it waits there, a slow sample) from a thread of the test."""
     gate = Gate()
-    loader: DataLoader[Any] = DataLoader(StopsAt(12, 5, gate, str(tmp_path)), batch_size=2, num_workers=2,
-                                         task_timeout_s=0.5, **options)
+    options.setdefault("task_timeout_s", 0.5)
+    loader: DataLoader[Any] = DataLoader(StopsAt(12, 5, gate, str(tmp_path)), batch_size=2, num_workers=2, **options)
     return str(epoch_error(loader, gate, lambda pid: None if how is None else os.kill(pid, how), error))
 
 
@@ -44,3 +44,14 @@ def test_the_restart_policys_account_of_a_stopped_worker_says_so(tmp_path: Any) 
     text = raised(tmp_path, signal.SIGSTOP, RestartBudgetExceeded, on_worker_death="restart", max_restarts=0)
     assert "hung for more than 0.5 s (task_timeout_s)" in text, text
     assert STOPPED in text, text
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("stopped", [True, False], ids=["stopped", "slow"])
+def test_a_timeout_names_the_worker_it_waited_for_as_stopped_when_it_was(tmp_path: Any, stopped: bool,
+                                                                         persistent: bool) -> None:
+    text = raised(tmp_path, signal.SIGSTOP if stopped else None, WorkerTimeout, timeout=0.5, task_timeout_s=0,
+                  persistent_workers=persistent)
+    assert text.startswith("DataLoader timed out after 0.5 seconds. Outstanding: task 2: indices [4..5]"), text
+    assert (STOPPED in text) == stopped, text

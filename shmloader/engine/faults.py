@@ -17,7 +17,7 @@ exited unexpectedly", "DataLoader timed out after N seconds") and add the facts 
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -286,12 +286,15 @@ def _some(deaths: Sequence[str], shown: int = 6) -> str:
 
 
 def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None],
-              kept: bool = False, caller: Caller = LOADER, abandoned: Tasks | None = None) -> WorkerTimeout:
+              kept: bool = False, caller: Caller = LOADER, abandoned: Tasks | None = None,
+              stopped: Collection[int] = ()) -> WorkerTimeout:
     """torch's "DataLoader timed out after N seconds", plus what was outstanding where, and what
     follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down;
     ``caller`` names the calls that go on (the loader's, or the device prefetcher's);
-    ``abandoned``: tasks of an earlier epoch the workers still run, this epoch's queued behind them."""
-    held = ", ".join(f"worker {w} (pid {p})" for w, p in sorted(worker_pids.items()))
+    ``abandoned``: tasks of an earlier epoch the workers still run, this epoch's queued behind them;
+    ``stopped``: the ids of those workers that were stopped by a signal (``exits.stopped``), said."""
+    held = ", ".join(f"worker {w} (pid {p}{f', {STOPPED_WORDS}' if w in stopped else ''})"
+                     for w, p in sorted(worker_pids.items()))
     if abandoned:
         held += f", busy with an abandoned epoch's {format_tasks(abandoned)}, this epoch's tasks queued behind"
     follows = (f" The persistent workers were kept: {caller.next} waits for this batch again, and {caller.epoch} "

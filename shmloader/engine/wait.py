@@ -345,12 +345,13 @@ class WaitAndRecover(RecoverDeaths):
             if self._reorder.has_due() or self._fault is not None:
                 return  # the due batch (or a failure) came as time ran out: the step loop takes it
             held = {w.id: w.pid for w in self._pool.workers if w.outstanding}
+            stopped = [w.id for w in self._pool.workers if w.outstanding and exits.stopped(w.process)]
             kept = self._plan.persistent  # the loader's workers: a slow one is not killed for it (torch's)
             if not kept:
-                raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
+                raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held, stopped=stopped))
             # the step loop lets a kept timeout through (_plan.persistent), the iterator still running
             raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True, caller=self.caller,
-                                   abandoned=self._tasks_of(None, abandoned=True))
+                                   abandoned=self._tasks_of(None, abandoned=True), stopped=stopped)
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
         """Kill ``w``, which held a task past its deadline when the wait timed out, unless the
