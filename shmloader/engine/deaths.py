@@ -168,23 +168,20 @@ class RecoverDeaths:
         self._pool.retire(w.id)
 
     def _kept_by(self, w: WorkerHandle) -> list[TaskRecord]:
-        """This epoch's tasks of ``w`` whose batch ``w`` keeps for a retry in a grown slot (worker.main
+        """This epoch's tasks whose batch ``w`` keeps for the retry in a grown slot (worker.main
         ``_remember``), so that its death loses those samples of a stream: those waiting for their
-        slot to grow, and, once its share has ended, those sent again since (a task numbered below
-        the one that found the end and still held: ``w`` answered every task sent before that one).
-        Such a retry used to be passed over with the tasks dealt after the end, its batch lost."""
-        kept = [rec for rec in self._growths.waiting if rec.worker_id == w.id and rec.epoch == self._epoch]
-        if w.exhausted:
-            kept += [rec for rec in self._ledger.records(w.outstanding)
-                     if rec.epoch == self._epoch and rec.task < w.end_task]
-        return kept
+        slot to grow, and those sent back to it in the grown slot and not answered yet (an ended
+        worker's successor used to pass such a task over as ``Exhausted``, the batch lost
+        silently: tests/test_adv_fault_growth_retry.py)."""
+        held = self._ledger.records(w.outstanding)
+        return [rec for rec in (*self._growths.waiting, *held) if rec.kept_by and rec.kept_by == w.pid and rec.epoch == self._epoch]
 
     def _restart(self, w: WorkerHandle) -> None:
         """Start a successor under the same id and re-send, in order, every task the dead one held
         (first this epoch's ``Reset``, where the dead one had not acknowledged it)."""
         keys = list(w.outstanding)
         new = self._pool.replace(w.id)
-        new.exhausted, new.end_task = w.exhausted, w.end_task  # an ended share stays ended until the next epoch
+        new.exhausted = w.exhausted  # an iterable worker's ended share stays ended until the next epoch
         if w.id in self._unbegun:  # the successor begins the epoch as the others did: same reseed, then its tasks
             try:
                 new.send(Reset(self._epoch, self._plan.reset_seed))

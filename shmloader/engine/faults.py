@@ -17,7 +17,7 @@ exited unexpectedly", "DataLoader timed out after N seconds") and add the facts 
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -242,11 +242,15 @@ def _start_advice(start_method: str, exitcode: int | None) -> list[str]:
     return advice
 
 
-def hang_cause(limit_s: float, starting: bool) -> str:
-    """How a worker the loader killed for passing its deadline ended, naming that deadline."""
+STOPPED_WORDS = "stopped by a signal (SIGSTOP or SIGTSTP: state T in /proc/<pid>/stat)"
+
+
+def hang_cause(limit_s: float, starting: bool, stopped: bool = False) -> str:
+    """How a worker the loader killed for passing its deadline ended, naming that deadline;
+    ``stopped``: it was stopped by a signal then (``exits.stopped``), not slow."""
     deadline = (f"the start-up deadline, max(task_timeout_s, {START_TIMEOUT_FLOOR_S})" if starting
                 else "task_timeout_s")
-    return f"hung for more than {limit_s} s ({deadline}) and was killed"
+    return f"hung for more than {limit_s} s ({deadline}){f', {STOPPED_WORDS},' if stopped else ''} and was killed"
 
 
 def budget_spent(worker_id: int, pid: int | None, exitcode: int | None, tasks: Tasks,
@@ -282,12 +286,15 @@ def _some(deaths: Sequence[str], shown: int = 6) -> str:
 
 
 def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | None],
-              kept: bool = False, caller: Caller = LOADER, abandoned: Tasks | None = None) -> WorkerTimeout:
+              kept: bool = False, caller: Caller = LOADER, abandoned: Tasks | None = None,
+              stopped: Collection[int] = ()) -> WorkerTimeout:
     """torch's "DataLoader timed out after N seconds", plus what was outstanding where, and what
     follows: ``kept``, the persistent workers go on (torch's), else the iterator was shut down;
     ``caller`` names the calls that go on (the loader's, or the device prefetcher's);
-    ``abandoned``: tasks of an earlier epoch the workers still run, this epoch's queued behind them."""
-    held = ", ".join(f"worker {w} (pid {p})" for w, p in sorted(worker_pids.items()))
+    ``abandoned``: tasks of an earlier epoch the workers still run, this epoch's queued behind them;
+    ``stopped``: the ids of those workers that were stopped by a signal (``exits.stopped``), said."""
+    held = ", ".join(f"worker {w} (pid {p}{f', {STOPPED_WORDS}' if w in stopped else ''})"
+                     for w, p in sorted(worker_pids.items()))
     if abandoned:
         held += f", busy with an abandoned epoch's {format_tasks(abandoned)}, this epoch's tasks queued behind"
     follows = (f" The persistent workers were kept: {caller.next} waits for this batch again, and {caller.epoch} "
@@ -299,9 +306,11 @@ def timed_out(timeout_s: float, tasks: Tasks, worker_pids: Mapping[int, int | No
 
 
 def hung(worker_id: int, pid: int | None, task: int, indices: Any, deadline_s: float, *,
-         starting: bool = False, iterable: bool = False, abandoned: bool = False) -> WorkerHung:
+         starting: bool = False, iterable: bool = False, abandoned: bool = False, stopped: bool = False) -> WorkerHung:
     """A worker past its deadline (``task_timeout_s``, or the start-up deadline), which the loader
-    killed; ``abandoned``: the task is of an earlier epoch (a persistent worker kept after a timeout)."""
+    killed; ``abandoned``: the task is of an earlier epoch (a persistent worker kept after a timeout);
+    ``stopped``: it was stopped by a signal as its deadline passed (``exits.stopped``), so not slow:
+    said, or the user looks for a slow sample that is not there."""
     held = f"task {task} (sample indices {format_indices(indices)})" + (
         " of an earlier epoch, abandoned (the tasks of this one queued behind it)" if abandoned else "")
     if starting:
@@ -313,7 +322,8 @@ def hung(worker_id: int, pid: int | None, task: int, indices: Any, deadline_s: f
     advice = ("A worker of an IterableDataset cannot be restarted." if iterable else
               "Pass on_worker_death='restart' to retry the task in a new worker, or raise task_timeout_s "
               "(SHMLOADER_TASK_TIMEOUT_S).")
-    msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL. {advice}"
+    how = f"; it was {STOPPED_WORDS} and could not run" if stopped else ""
+    msg = f"DataLoader worker {worker_id} (pid {pid}) spent {what} and was killed with SIGKILL{how}. {advice}"
     return WorkerHung(msg, timeout_s=deadline_s, tasks={task: plain_indices(indices)}, worker_id=worker_id, pid=pid)
 
 

@@ -38,7 +38,7 @@ class TaskRecord:
     A plain class with ``__slots__`` and its key stored, not derived: the engine reads these
     fields a dozen times per batch (issue 16)."""
 
-    __slots__ = ("epoch", "task", "key", "indices", "slot", "worker_id", "seed_task")
+    __slots__ = ("epoch", "task", "key", "indices", "slot", "worker_id", "seed_task", "kept_by")
 
     def __init__(self, epoch: int, task: int, indices: Any, slot: Slot | None,
                  worker_id: int = -1) -> None:
@@ -49,6 +49,9 @@ class TaskRecord:
         self.slot = slot
         self.worker_id = worker_id
         self.seed_task = task  # the number per-task seeding uses (an iterable dataset's: dispatch.Dispatcher.deal)
+        # the pid of the worker that keeps this task's batch for its retry in a grown slot (its
+        # TooSmall: worker.main ``_remember``), 0 while none does: that worker alone can answer it
+        self.kept_by = 0
 
     def __repr__(self) -> str:
         return f"TaskRecord(epoch={self.epoch}, task={self.task}, worker_id={self.worker_id}, slot={self.slot!r})"

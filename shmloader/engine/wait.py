@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.engine import faults
+from shmloader.engine import exits, faults
 from shmloader.engine.caller import Caller
 from shmloader.engine.deaths import RecoverDeaths
 from shmloader.engine.growth import Growths, Refused
@@ -274,8 +274,7 @@ class WaitAndRecover(RecoverDeaths):
             self._reorder.put(rec.task, (rec, msg))  # raised when it is due, as torch raises it
         elif isinstance(msg, Exhausted):
             self._ran_out(rec.task, after_end=w.exhausted)  # the first is its end; a later one, dealt after it
-            if not w.exhausted:
-                w.exhausted, w.end_task = True, rec.task
+            w.exhausted = True
             if all(h.exhausted for h in self._pool.workers):
                 self._sampler_done = True
             self._release_ended(w)  # told to exit at once, as torch's (deaths.py)
@@ -300,6 +299,7 @@ class WaitAndRecover(RecoverDeaths):
         """
         slot_bytes = self._slot_size.grown(needed)
         w.pop(rec.key)
+        rec.kept_by = w.pid or 0  # until its retry is answered, that worker keeps the batch (deaths.py)
         try:
             self._plan.preflight(self._ring, slot_bytes, self._capacity() + CONSUMER_SLOTS)
             self._growths.start(rec, slot_bytes)
@@ -353,12 +353,13 @@ class WaitAndRecover(RecoverDeaths):
             if self._reorder.has_due() or self._fault is not None:
                 return  # the due batch (or a failure) came as time ran out: the step loop takes it
             held = {w.id: w.pid for w in self._pool.workers if w.outstanding}
+            stopped = [w.id for w in self._pool.workers if w.outstanding and exits.stopped(w.process)]
             kept = self._plan.persistent  # the loader's workers: a slow one is not killed for it (torch's)
             if not kept:
-                raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held))
+                raise self._fail(faults.timed_out(timeout_s, self._tasks_of(None), held, stopped=stopped))
             # the step loop lets a kept timeout through (_plan.persistent), the iterator still running
             raise faults.timed_out(timeout_s, self._tasks_of(None), held, kept=True, caller=self.caller,
-                                   abandoned=self._tasks_of(None, abandoned=True))
+                                   abandoned=self._tasks_of(None, abandoned=True), stopped=stopped)
 
     def _kill_hung(self, w: WorkerHandle, limit_s: float) -> None:
         """Kill ``w``, which held a task past its deadline when the wait timed out, unless the
@@ -377,10 +378,11 @@ class WaitAndRecover(RecoverDeaths):
         # an iterable worker that read nothing of its stream yet (starting, or hung in __iter__ at
         # the epoch's Reset) loses no position: replaced under the restart policy, as its death is
         lost_position = self._loses_position(w)
+        stopped = exits.stopped(w.process)  # by a signal from outside, not slow: the error says so
         w.signal(signal.SIGKILL)
         join_killed(w)  # bounded: a worker in uninterruptible sleep may outlive SIGKILL a while
         if not self._policy.restart or lost_position:
             raise self._fail(faults.hung(w.id, w.pid, key[1], rec.indices if rec else None, limit_s,
                                          starting=not w.ready, iterable=lost_position,
-                                         abandoned=key[0] != self._epoch))
-        self._on_death(w, cause=faults.hang_cause(limit_s, starting=not w.ready))
+                                         abandoned=key[0] != self._epoch, stopped=stopped))
+        self._on_death(w, cause=faults.hang_cause(limit_s, starting=not w.ready, stopped=stopped))

@@ -105,7 +105,6 @@ class WorkerHandle:
     outstanding: deque[tuple[int, int]] = field(default_factory=deque)  # (epoch, task)
     head_since: float = 0.0  # when the oldest outstanding task became the one it works on
     exhausted: bool = False
-    end_task: int = -1  # the task that found its share ended (while ``exhausted``): see deaths._kept_by
     ready: bool = False  # the worker said Ready: dataset loaded, seeded, worker_init_fn done
     backlog: set[WorkerHandle] = field(default_factory=set)  # the pool's handles with bytes unsent
     unsent: bytearray = field(default_factory=bytearray)  # framed messages the pipe has not taken yet
@@ -350,7 +349,8 @@ class WorkerPool:
         start its successor under the same id."""
         old = self.workers[worker_id]
         reap(old)
-        new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
+        with start_limits.limits_named(self.num_workers, worker_id, replacing=old.pid):  # as a start's
+            new = self._start(worker_id)  # in workers[worker_id] as soon as it runs
         logger.info("worker %d restarted (pid %s replaces %s)", worker_id, new.pid, old.pid)
         return new
 
