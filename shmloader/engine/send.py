@@ -46,7 +46,13 @@ class SendTasks:
     _none_exhausted: list[bool]
 
     def _held(self) -> list[int]:
-        return [len(w.outstanding) for w in self._pool.workers]
+        """Tasks of this epoch each worker holds. An abandoned epoch's tasks that a persistent worker
+        still runs (ahead of this epoch's: a worker's tasks are held in the order sent) are not
+        counted: torch's ``iter()`` sends the new epoch's ``prefetch_factor`` tasks per worker, reading
+        the sampler that far, whatever was left of the old one (its ``_reset`` first waits for it)."""
+        epoch = self._epoch
+        return [len(w.outstanding) if not w.outstanding or w.outstanding[0][0] == epoch
+                else sum(1 for key in w.outstanding if key[0] == epoch) for w in self._pool.workers]
 
     def _exhausted(self) -> list[bool]:
         return [w.exhausted for w in self._pool.workers]
