@@ -46,13 +46,16 @@ class SendTasks:
     _none_exhausted: list[bool]
 
     def _held(self) -> list[int]:
-        """Tasks of this epoch each worker holds. An abandoned epoch's tasks that a persistent worker
-        still runs (ahead of this epoch's: a worker's tasks are held in the order sent) are not
-        counted: torch's ``iter()`` sends the new epoch's ``prefetch_factor`` tasks per worker, reading
-        the sampler that far, whatever was left of the old one (its ``_reset`` first waits for it)."""
-        epoch = self._epoch
+        """How full each worker is, for the dispatcher: the tasks of this epoch it holds, and those of
+        an abandoned epoch that a persistent worker still runs past one window (``prefetch_factor``;
+        a worker holds its tasks in the order sent, an abandoned epoch's first). So the next epoch's
+        ``iter()`` sends ``prefetch_factor`` tasks per worker, reading the sampler that far, as
+        torch's ``iter()`` does, and no worker holds more than two windows of tasks
+        (``MultiProcessIter._reset_owned`` first waits for a worker behind by more than a window)."""
+        epoch, window = self._epoch, self._dispatcher.prefetch
         return [len(w.outstanding) if not w.outstanding or w.outstanding[0][0] == epoch
-                else sum(1 for key in w.outstanding if key[0] == epoch) for w in self._pool.workers]
+                else max(sum(1 for key in w.outstanding if key[0] == epoch), len(w.outstanding) - window)
+                for w in self._pool.workers]
 
     def _exhausted(self) -> list[bool]:
         return [w.exhausted for w in self._pool.workers]
