@@ -184,6 +184,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         window, started = self._prefetch, time.monotonic()
         for w in self._pool.workers:
             self._drain(w)  # a closed pipe: its death is seen by the wait
+        self._between_epochs = True  # a worker that dies now has read nothing of the new epoch (deaths.py)
         try:
             while any(sum(1 for key in w.outstanding if key[0] != self._epoch) > window for w in self._pool.workers):
                 self._wait(started)
@@ -192,6 +193,8 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
                 raise
             # timeout= with the workers kept: the epoch starts on them (docs/reliability.md, "Hangs"),
             # the slow worker sent nothing more until it catches up (SendTasks._held)
+        finally:
+            self._between_epochs = False
 
     @property
     def closed(self) -> bool:
