@@ -55,6 +55,7 @@ class RecoverDeaths:
     # ids of the workers sent this epoch's Reset that have not acknowledged it (ResetDone): each has
     # read nothing of the epoch's stream yet (set by MultiProcessIter as it broadcasts the Reset)
     _unbegun: set[int]
+    _between_epochs = False  # while a persistent iterator's iter() waits for its workers (MultiProcessIter._catch_up)
 
     def _tasks_of(self, w: WorkerHandle | None, abandoned: bool = False) -> dict[int, Any]:
         """Task number → sample indices of this epoch's tasks held by ``w`` (None: by every worker);
@@ -113,10 +114,11 @@ class RecoverDeaths:
         had ended holds no position: replaceable, unless it kept a batch for a slot still growing
         (its successor's stream starts afresh); nor does one that had read nothing of this epoch
         (still starting, or not past the epoch's ``Reset``): its successor reads its share from the
-        start. ``before_epoch``: as ``_on_death``'s."""
+        start. ``before_epoch``: as ``_on_death``'s; so is every death while ``iter()`` waits for the
+        workers, before the epoch's ``Reset`` is sent (``_between_epochs``)."""
         if not self._iterable:
             return False
-        unbegun = before_epoch or not w.ready or w.id in self._unbegun
+        unbegun = before_epoch or self._between_epochs or not w.ready or w.id in self._unbegun
         return not unbegun and (not w.exhausted or bool(self._kept_by(w)))
 
     def _ended_for_good(self, w: WorkerHandle, kept: list[TaskRecord]) -> bool:

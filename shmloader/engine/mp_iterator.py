@@ -158,6 +158,7 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         self._begin_epoch()
         try:
             self._replace_dead_between_epochs()  # before the epoch begins for any worker: they held none of it
+            self._catch_up()
             if self._iterable:
                 self._pool.broadcast(Reset(self._record.epoch, plan.reset_seed))
                 self._unbegun = {w.id for w in self._pool.workers}  # until each one's ResetDone
@@ -170,6 +171,31 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
             # tasks sent would answer for its own: the iterator goes, as a failed first iter() does
             self._close_owned()
             raise
+
+    def _catch_up(self) -> None:
+        """Before a persistent iterator's next epoch is sent: drop the abandoned epoch's replies already
+        there, and wait while a worker still runs more than a window (``prefetch_factor``) of its
+        tasks. torch's ``iter()`` waits for all of them, then sends ``prefetch_factor`` tasks per
+        worker, reading the sampler that far; so does this one (``SendTasks._held``), without waiting
+        for a worker behind by one window at most (a ``break`` leaves that much), and every task read
+        is sent, run as torch's workers run it (tests/test_parity_train_persistent_break.py). Waiting
+        for a worker behind by more (``iter()`` called again and again while it is slow) keeps what
+        the workers hold to two windows (tests/test_reset_window.py); ``timeout=`` bounds that wait,
+        after which the epoch starts as it is."""
+        window, started = self._prefetch, time.monotonic()
+        for w in self._pool.workers:
+            self._drain(w)  # a closed pipe: its death is seen by the wait
+        self._between_epochs = True  # a worker that dies now has read nothing of the new epoch (deaths.py)
+        try:
+            while any(sum(1 for key in w.outstanding if key[0] != self._epoch) > window for w in self._pool.workers):
+                self._wait(started)
+        except WorkerTimeout:
+            if self._state is IterState.BROKEN:  # a hung task killed without the restart policy
+                raise
+            # timeout= with the workers kept: the epoch starts on them (docs/reliability.md, "Hangs"),
+            # the slow worker sent nothing more until it catches up (SendTasks._held)
+        finally:
+            self._between_epochs = False
 
     @property
     def closed(self) -> bool:
