@@ -173,27 +173,27 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
             raise
 
     def _catch_up(self) -> None:
-        """Before a persistent iterator's next epoch is sent: drop the abandoned epoch's replies already
-        there, and wait while a worker still runs more than a window (``prefetch_factor``) of its
-        tasks. torch's ``iter()`` waits for all of them, then sends ``prefetch_factor`` tasks per
-        worker, reading the sampler that far; so does this one (``SendTasks._held``), without waiting
-        for a worker behind by one window at most (a ``break`` leaves that much), and every task read
-        is sent, run as torch's workers run it (tests/test_parity_train_persistent_break.py). Waiting
-        for a worker behind by more (``iter()`` called again and again while it is slow) keeps what
-        the workers hold to two windows (tests/test_reset_window.py); ``timeout=`` bounds that wait,
-        after which the epoch starts as it is."""
-        window, started = self._prefetch, time.monotonic()
+        """Before a persistent iterator's next epoch is sent: wait until the workers have answered every
+        task of the abandoned epoch (left by a ``break``), their batches dropped as they come, as
+        torch's ``iter()`` waits for them (``_reset``) before it sends ``prefetch_factor`` tasks per
+        worker, reading the sampler that far (tests/test_parity_train_persistent_break.py). The new
+        epoch's tasks would run after those anyway (a worker runs its tasks in order), so the first
+        batch comes no later, and the ring needs no slots beyond its steady size for them
+        (tests/test_reset_window.py). ``timeout=`` bounds the wait, as torch's: past it (the workers
+        kept) the epoch starts on them, a slow worker sent its share only as it catches up
+        (``SendTasks._held``), and ``next()`` waits for its batch again (docs/reliability.md, "Hangs")."""
+        started = time.monotonic()
         for w in self._pool.workers:
             self._drain(w)  # a closed pipe: its death is seen by the wait
         self._between_epochs = True  # a worker that dies now has read nothing of the new epoch (deaths.py)
         try:
-            while any(sum(1 for key in w.outstanding if key[0] != self._epoch) > window for w in self._pool.workers):
+            while any(key[0] != self._epoch for w in self._pool.workers for key in w.outstanding):
                 self._wait(started)
         except WorkerTimeout:
             if self._state is IterState.BROKEN:  # a hung task killed without the restart policy
                 raise
             # timeout= with the workers kept: the epoch starts on them (docs/reliability.md, "Hangs"),
-            # the slow worker sent nothing more until it catches up (SendTasks._held)
+            # the slow worker sent nothing of it until it catches up (SendTasks._held)
         finally:
             self._between_epochs = False
 

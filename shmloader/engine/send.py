@@ -46,16 +46,9 @@ class SendTasks:
     _none_exhausted: list[bool]
 
     def _held(self) -> list[int]:
-        """How full each worker is, for the dispatcher: the tasks of this epoch it holds, and those of
-        an abandoned epoch that a persistent worker still runs past one window (``prefetch_factor``;
-        a worker holds its tasks in the order sent, an abandoned epoch's first). So the next epoch's
-        ``iter()`` sends ``prefetch_factor`` tasks per worker, reading the sampler that far, as
-        torch's ``iter()`` does, and no worker holds more than two windows of tasks
-        (``MultiProcessIter._reset_owned`` first waits for a worker behind by more than a window)."""
-        epoch, window = self._epoch, self._dispatcher.prefetch
-        return [len(w.outstanding) if not w.outstanding or w.outstanding[0][0] == epoch
-                else max(sum(1 for key in w.outstanding if key[0] == epoch), len(w.outstanding) - window)
-                for w in self._pool.workers]
+        """How many tasks each worker holds (an abandoned epoch's included: after a kept timeout a slow
+        worker is sent this epoch's tasks only as it catches up; ``MultiProcessIter._catch_up``)."""
+        return [len(w.outstanding) for w in self._pool.workers]
 
     def _exhausted(self) -> list[bool]:
         return [w.exhausted for w in self._pool.workers]
