@@ -43,8 +43,8 @@ def test_a_worker_init_fn_that_takes_the_nudge_pipe_gets_no_byte(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     init = WorkerPool.__init__
 
-    def noting_the_nudge_fd(self: WorkerPool, *args: Any) -> None:
-        init(self, *args)
+    def noting_the_nudge_fd(self: WorkerPool, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
         monkeypatch.setattr(ds, "NUDGE_FD", self._nudge_w.fileno())  # inherited by the forked workers
 
     monkeypatch.setattr(WorkerPool, "__init__", noting_the_nudge_fd)
