@@ -2,7 +2,7 @@
 
 Owns the record of every worker process this process started and has not reaped
 (``live_workers``: multiprocessing lists them as its children too, and a process forked from this
-one must not take them for its own: ``workers._disown_inherited``) and the escalation that ends a
+one must not take them for its own: ``fork_child.disown_inherited``) and the escalation that ends a
 worker which does not exit on its own. Runs in the main process. Promises:
 
 - a reaped worker starts no task from the moment its reap begins (its stop flag is set first:

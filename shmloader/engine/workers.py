@@ -21,13 +21,12 @@ Any thread may start a worker (``iter(loader)``, ``next()`` and so ``replace``, 
 user's). A worker outlives the thread that started it; it dies with the main process: at once
 (``PR_SET_PDEATHSIG``) when started from the main thread or by the fork server, otherwise through
 its own poll of the main process (``worker.lineage.watch_parent``). A process forked from this one
-by other code does not inherit our workers as its children (``_disown_inherited``), so its exit
+by other code does not inherit our workers as its children (``engine.fork_child``), so its exit
 leaves them alone.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import signal
@@ -35,14 +34,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from multiprocessing import process as mp_process
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
 from shmloader.log import logger
 from shmloader import owner
-from shmloader.engine import exits, start_limits
+from shmloader.engine import exits, fork_child, start_limits  # fork_child: its at-fork hook, registered on import
 from shmloader.engine.payload import pickled_spec, warn_if_unpicklable
 from shmloader.engine.reaping import close_pipes, live_workers, reap, reap_all
 from shmloader.transport import wire
@@ -54,37 +52,6 @@ from shmloader.worker.stop import StopFlag
 _JOIN_TIMEOUT_S = 5.0
 
 
-def _after_fork_in_child() -> None:
-    _freeze_inherited()
-    _disown_inherited()
-
-
-def _freeze_inherited() -> None:
-    """In a process just forked, before any of its Python code runs: if it is one of our workers,
-    freeze every object it inherited, so that its collector never visits (and never finalizes)
-    the parent's garbage. The parent's own permanent generation is never touched."""
-    if owner.started_by_us():  # the forking thread was in owner.our_fork(): see _launch
-        gc.freeze()
-
-
-def _disown_inherited() -> None:
-    """In any process just forked: drop the parent's workers from multiprocessing's list of this
-    process's children (``multiprocessing.process._children``, inherited whole).
-
-    A child forked by other code (``os.fork()`` in a library) that exits normally runs
-    ``multiprocessing.util._exit_function``, which SIGTERMs every daemonic child on that list — our
-    parent's live workers — and then fails to join them ("can only join a child process"). Only
-    our workers leave the list, and only this process's copy of it: the parent's bookkeeping and
-    other code's processes are untouched. In a process that multiprocessing starts (one of our
-    workers included), ``Process._bootstrap`` empties the list afterwards anyway.
-    """
-    children = getattr(mp_process, "_children", None)
-    if isinstance(children, set):  # a private name of CPython's: if it ever changes, do nothing
-        children.difference_update(live_workers)
-    live_workers.clear()  # this process started none of them
-
-
-owner.at_fork_in_child(_after_fork_in_child)  # with the collector held: nothing can run before the freeze
 
 
 @dataclass(eq=False)
@@ -318,7 +285,7 @@ class WorkerPool:
     def _launch(self, process: Any) -> None:
         """``process.start()``; under fork the child freezes what it inherited, at the fork itself.
 
-        ``owner.at_fork_in_child`` runs ``_freeze_inherited`` in the child inside ``os.fork()``, before
+        ``owner.at_fork_in_child`` runs ``fork_child.freeze_inherited`` in the child inside ``os.fork()``, before
         any of the child's Python code and with the collector held since before the fork (an
         at-fork hook registered before ours may allocate), so no collection can come first. ``gc.freeze()`` splices
         every generation onto the permanent one, which the collector never scans: the child never
