@@ -175,8 +175,9 @@ class RecoverDeaths:
         slot to grow, and those sent back to it in the grown slot and not answered yet (an ended
         worker's successor used to pass such a task over as ``Exhausted``, the batch lost
         silently: tests/test_adv_fault_growth_retry.py)."""
-        held = self._ledger.records(w.outstanding)
-        return [rec for rec in (*self._growths.waiting, *held) if rec.kept_by and rec.kept_by == w.pid and rec.epoch == self._epoch]
+        pid = w.pid or -1  # a record no worker keeps has kept_by 0
+        return [rec for rec in (*self._growths.waiting, *self._ledger.records(w.outstanding))
+                if rec.kept_by == pid and rec.epoch == self._epoch]
 
     def _restart(self, w: WorkerHandle) -> None:
         """Start a successor under the same id and re-send, in order, every task the dead one held

@@ -183,8 +183,6 @@ class MultiProcessIter(SendTasks, WaitAndRecover, BaseIter):
         kept) the epoch starts on them, a slow worker sent its share only as it catches up
         (``SendTasks._held``), and ``next()`` waits for its batch again (docs/reliability.md, "Hangs")."""
         started = time.monotonic()
-        for w in self._pool.workers:
-            self._drain(w)  # a closed pipe: its death is seen by the wait
         self._between_epochs = True  # a worker that dies now has read nothing of the new epoch (deaths.py)
         try:
             while any(key[0] != self._epoch for w in self._pool.workers for key in w.outstanding):
