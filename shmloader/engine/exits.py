@@ -130,7 +130,6 @@ def fork_server_gone(pid: int) -> bool:
     return _server_gone_now(pid)
 
 
-
 def _server_gone_now(pid: int) -> bool:
     both = procstat.state_and_parent(pid)
     return both is None or both[0] == b"Z" or both[1] != os.getpid()

@@ -52,8 +52,6 @@ from shmloader.worker.stop import StopFlag
 _JOIN_TIMEOUT_S = 5.0
 
 
-
-
 @dataclass(eq=False)
 class WorkerHandle:
     """One live worker: its process, pipes, the tasks it holds (oldest first) and its outbox.
